@@ -1,0 +1,77 @@
+"""Semantic durability checkpoints for persisted LLM agents.
+
+The :mod:`~kai_session_checkpoint_policy.policy` plugin flushes the session log before a model
+request, before a top-level tool body, and at every agent step; the JSONL backend makes each
+flush durable; recovery turns a recorded call without a result into ``TOOL_OUTCOME_UNKNOWN``.
+"""
+
+from . import invariant, policy
+from .events import EVENT_TYPES, JSON, EventDataError, JSONObject, SessionEvent
+from .hookspecs import PROJECT, HostServices, hookimpl
+from .host import (
+    AbortController,
+    AbortSignal,
+    Agent,
+    Finish,
+    Host,
+    LlmRequest,
+    PreStep,
+    PreStepDecision,
+    Session,
+    SessionNotLiveError,
+    SessionStore,
+    TextDelta,
+    Tool,
+    ToolCallRequest,
+    ToolExecution,
+    TurnOutcome,
+)
+from .results import (
+    ABORTED_BEFORE_DISPATCH,
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+    ErrorInfo,
+    TextBlock,
+    ToolError,
+    ToolResult,
+    aborted_before_dispatch,
+    error_result,
+)
+
+__all__ = [
+    "ABORTED_BEFORE_DISPATCH",
+    "EVENT_TYPES",
+    "JSON",
+    "PROJECT",
+    "TOOL_NOT_STARTED",
+    "TOOL_OUTCOME_UNKNOWN",
+    "AbortController",
+    "AbortSignal",
+    "Agent",
+    "ErrorInfo",
+    "EventDataError",
+    "Finish",
+    "Host",
+    "HostServices",
+    "JSONObject",
+    "LlmRequest",
+    "PreStep",
+    "PreStepDecision",
+    "Session",
+    "SessionEvent",
+    "SessionNotLiveError",
+    "SessionStore",
+    "TextBlock",
+    "TextDelta",
+    "Tool",
+    "ToolCallRequest",
+    "ToolError",
+    "ToolExecution",
+    "ToolResult",
+    "TurnOutcome",
+    "aborted_before_dispatch",
+    "error_result",
+    "hookimpl",
+    "invariant",
+    "policy",
+]

@@ -1,0 +1,148 @@
+"""Session events: the envelope every log entry has, and the lossless JSON rule for its data.
+
+An event is ``{"type", "seq", "time", "data"}``: ``seq`` equals the number of events before it,
+``time`` is Unix epoch milliseconds, and ``data`` is JSON that survives a round trip unchanged.
+:func:`encode_data` enforces that rule once, at append time, and returns both a private copy of
+the data and its canonical encoding, so a persistence backend never encodes an event again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+if TYPE_CHECKING:
+    from .results import ToolResult
+
+__all__ = [
+    "EVENT_TYPES",
+    "JSON",
+    "EventDataError",
+    "JSONObject",
+    "SessionEvent",
+    "encode_data",
+    "tool_result_data",
+]
+
+JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
+JSONObject: TypeAlias = "dict[str, JSON]"
+
+EVENT_TYPES: Final = frozenset(
+    {
+        "turn/start",
+        "step/start",
+        "user/message",
+        "request/header",
+        "request/context",
+        "assistant/chunk",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "step/end",
+        "turn/end",
+    }
+)
+"""The event types this package writes and understands."""
+
+_encoder: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+class EventDataError(TypeError):
+    """Event data that JSON cannot carry unchanged (NaN, a non-string key, bytes, a tuple...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    """One entry of a session's event log.
+
+    Treat ``data`` as read-only: it is the log's own copy, shared with every reader.
+    """
+
+    type: str
+    seq: int
+    time: int
+    data: JSONObject
+    data_json: str = field(repr=False, compare=False)
+    """The canonical encoding of ``data`` (compact, ASCII, no NaN)."""
+
+    def to_json(self) -> JSONObject:
+        """Return the envelope as a JSON object: ``type``, ``seq``, ``time``, ``data``."""
+        return {"type": self.type, "seq": self.seq, "time": self.time, "data": self.data}
+
+    def encode(self) -> str:
+        """Return the envelope as one line of compact JSON, without the newline."""
+        return (
+            f'{{"type":{_encoder.encode(self.type)},"seq":{self.seq},'
+            f'"time":{self.time},"data":{self.data_json}}}'
+        )
+
+
+def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
+    """Check that *data* is a lossless JSON object; return a private copy and its encoding.
+
+    :raises EventDataError: naming the event type and the path of the first offending value.
+    """
+    if not isinstance(data, dict):
+        raise EventDataError(
+            f"data of {event_type!r} events must be a JSON object, not {type(data).__name__}"
+        )
+    try:
+        encoded = _encoder.encode(data)
+    except (TypeError, ValueError):
+        encoded = None
+    if encoded is not None:
+        copy = json.loads(encoded)
+        if copy == data:
+            return copy, encoded
+    problem = _first_problem(data, "data") or "data changes in a JSON round trip"
+    raise EventDataError(
+        f"data of a {event_type!r} event is not losslessly JSON-serializable: {problem}"
+    )
+
+
+def _first_problem(value: object, path: str, parents: tuple[int, ...] = ()) -> str | None:
+    """Describe the first value under *path* that JSON would reject or change, if any."""
+    if id(value) in parents:
+        return f"{path} contains itself"
+    parents = (*parents, id(value))
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}"
+    if isinstance(value, list):
+        problems = (_first_problem(item, f"{path}[{i}]", parents) for i, item in enumerate(value))
+        return next((problem for problem in problems if problem), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has the non-string key {key!r}"
+            problem = _first_problem(item, f"{path}[{key!r}]", parents)
+            if problem:
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__}, which JSON cannot carry unchanged"
+
+
+def tool_result_data(turn: int, step: int, call_id: str, result: ToolResult) -> JSONObject:
+    """The data of the ``tool/result`` event that answers tool call *call_id* with *result*."""
+    block: JSONObject = {
+        "type": "tool-result",
+        "toolCallId": call_id,
+        "isError": result.is_error,
+        "content": [{"type": block.type, "text": block.text} for block in result.content],
+    }
+    data: JSONObject = {
+        "turn": turn,
+        "step": step,
+        "message": {
+            "id": f"tool-result-{call_id}",
+            "role": "user",
+            "source": {"kind": "tool", "callId": call_id},
+            "content": [block],
+        },
+    }
+    if result.error is not None and result.error.info is not None:
+        data["error"] = {"name": result.error.info.name, "code": result.error.info.code}
+    return data

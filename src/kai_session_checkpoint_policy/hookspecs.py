@@ -1,0 +1,180 @@
+"""The host contract: the hooks a host calls and the plugins of this package implement.
+
+pluggy calls hooks synchronously, so the three boundary hooks return *thunks*: zero-argument
+callables that start the work only when called. A ``wrapper=True`` implementation receives the
+downstream thunk from ``yield`` and returns a new thunk; nothing downstream runs until the
+returned thunk is called. Errors therefore arrive in two layers: the ``yield`` raises what inner
+plugins raised while *building* their thunks, and the returned thunk raises what happens while
+it *runs*.
+
+Host services reach implementations as the ``host`` keyword argument (see :class:`HostServices`).
+This module imports nothing it describes at run time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Awaitable, Callable
+
+    from .events import SessionEvent
+    from .host.agent import PreStep, PreStepDecision
+    from .host.invariants import InvariantRegistry
+    from .host.llm import LlmRequest, LlmRuntime, StreamChunk
+    from .host.sessions import Session, SessionStore
+    from .host.tools import ToolExecution, ToolRuntime
+    from .persistence import SessionPersistence
+    from .results import ToolResult
+
+__all__ = [
+    "PROJECT",
+    "FlushThunk",
+    "HostServices",
+    "PreStepThunk",
+    "StreamThunk",
+    "ToolThunk",
+    "hookimpl",
+]
+
+PROJECT: Final = "kai"
+"""The pluggy project name; also the entry-point group plugins are loaded from."""
+
+hookspec: Final = pluggy.HookspecMarker(PROJECT)
+hookimpl: Final = pluggy.HookimplMarker(PROJECT)
+
+StreamThunk: TypeAlias = "Callable[[], AsyncGenerator[StreamChunk, None]]"
+"""Starts a model request when called: returns the stream of chunks."""
+ToolThunk: TypeAlias = "Callable[[], Awaitable[ToolResult]]"
+"""Runs a tool call when called and awaited."""
+PreStepThunk: TypeAlias = "Callable[[], Awaitable[PreStepDecision]]"
+"""Decides, when called and awaited, whether the agent enters the next step."""
+FlushThunk: TypeAlias = "Callable[[], Awaitable[None]]"
+"""Makes a session's admitted events durable when called and awaited."""
+
+
+class HostServices(Protocol):
+    """The services a host offers its plugins.
+
+    A service is ``None`` when the host does not have it; ``session_persistence`` is ``None``
+    until a persistence backend is configured.
+    """
+
+    @property
+    def sessions(self) -> SessionStore: ...
+    @property
+    def llm(self) -> LlmRuntime: ...
+    @property
+    def tools(self) -> ToolRuntime: ...
+    @property
+    def invariants(self) -> InvariantRegistry | None: ...
+    @property
+    def session_persistence(self) -> SessionPersistence | None: ...
+
+
+# -------------------------------------------------------------------------------------------
+# Host lifecycle
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def host_configure(host: HostServices) -> None:
+    """Acquire per-host resources once the host is open.
+
+    :param host: The host that was opened.
+
+    Called once for every plugin: when the host opens, and for a plugin registered later, at
+    its registration. Pair it with :func:`host_unconfigure`.
+    """
+
+
+@hookspec
+def host_unconfigure(host: HostServices) -> None:
+    """Release per-host resources.
+
+    :param host: The host that is closing, or from which this plugin is being unregistered.
+
+    Called for every plugin when the host closes, and for one plugin alone when it is
+    unregistered from an open host.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Semantic boundaries
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def llm_stream(request: LlmRequest, host: HostServices) -> StreamThunk | None:
+    """Return the thunk that dispatches *request* to a model adapter.
+
+    :param request: The model request; ``request.session_id`` names the session it belongs to.
+    :param host: The host services.
+    :return: A zero-argument callable returning an async generator of stream chunks.
+
+    Stops at first non-None result. The host implements the innermost thunk (the registered
+    adapter). Wrappers receive the downstream thunk from ``yield`` and return a thunk; a
+    wrapper that must act before the adapter does so inside its own thunk, before it calls the
+    downstream one.
+    """
+
+
+@hookspec(firstresult=True)
+def tools_execute(execution: ToolExecution, host: HostServices) -> ToolThunk | None:
+    """Return the thunk that runs one tool call.
+
+    :param execution: The call: id, tool name, arguments, the agent it runs for (``None`` for
+        a direct call), the enclosing ``parent`` of a nested dispatch, and its abort signal.
+    :param host: The host services.
+    :return: A zero-argument async callable returning a :class:`~.results.ToolResult`.
+
+    Stops at first non-None result. The host implements the innermost thunk (the tool body).
+    The tool runtime turns anything a thunk raises, while built or while run, into an error
+    result whose text is ``Error: <message>``.
+    """
+
+
+@hookspec(firstresult=True)
+def agent_pre_step(step: PreStep, host: HostServices) -> PreStepThunk | None:
+    """Return the thunk that decides whether the agent enters its next step.
+
+    :param step: The agent, turn number, step number and abort signal of the coming step.
+    :param host: The host services.
+    :return: A zero-argument async callable returning a ``PreStepDecision``.
+
+    Stops at first non-None result. Called before every step, before ``step/start`` is
+    appended. An exception from the thunk ends the turn with an error before any model request.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Session persistence
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def session_flush(session: Session, host: HostServices) -> FlushThunk | None:
+    """Return a thunk that makes every event admitted for *session* durable.
+
+    :param session: A live session.
+    :param host: The host services.
+    :return: A zero-argument async callable, or ``None`` when this plugin has nothing to flush.
+
+    The session store starts every returned thunk concurrently, waits for all of them to
+    settle, and then raises the first failure in registration order.
+    """
+
+
+@hookspec
+def session_event(session: Session, event: SessionEvent, host: HostServices) -> None:
+    """Admit one event that was just appended to a live session.
+
+    :param session: The session the event was appended to.
+    :param event: The committed event; its ``data`` is already a private, validated copy.
+    :param host: The host services.
+
+    Called synchronously inside the append: enqueue the event, never block. An exception is
+    logged by the session store and does not undo the append.
+    """

@@ -1,0 +1,135 @@
+"""The reference host: a plugin manager and the services plugins reach as ``host``."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import pluggy
+
+from .. import hookspecs
+from ..hookspecs import PROJECT
+from ._hooks import HostHooks
+from .agent import DefaultPreStep
+from .invariants import InvariantRegistry
+from .llm import LlmRuntime
+from .sessions import SessionStore, epoch_ms
+from .tools import ToolRuntime
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+    from ..persistence import SessionPersistence
+
+__all__ = ["AUTOLOAD_ENV", "Host", "HostStateError"]
+
+AUTOLOAD_ENV: Final = "KAI_DISABLE_PLUGIN_AUTOLOAD"
+"""Set this environment variable to a non-empty value to skip entry-point plugins."""
+
+
+class HostStateError(RuntimeError):
+    """The host was used in a state that does not allow it (not open, or already closed)."""
+
+
+class Host:
+    """A plugin manager with a session store, LLM and tool runtimes, and an invariants registry.
+
+    Plugins come from the ``kai`` entry-point group (unless *autoload* is false or the
+    ``KAI_DISABLE_PLUGIN_AUTOLOAD`` environment variable is set), minus the names in *block*,
+    then from *plugins*, in that order. Open the host with ``async with`` before use: opening
+    configures every plugin; closing unconfigures them and runs their cleanups.
+
+    *options* are free-form settings for plugins, such as ``"jsonl.root"`` for the JSONL
+    persistence backend loaded from its entry point.
+    """
+
+    def __init__(
+        self,
+        plugins: Iterable[object] = (),
+        *,
+        autoload: bool = True,
+        block: Iterable[str] = (),
+        options: Mapping[str, object] | None = None,
+        clock: Callable[[], int] = epoch_ms,
+    ) -> None:
+        self.pm: Final = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.hooks: Final = HostHooks(self.pm, self)
+        self.options: Final[Mapping[str, object]] = dict(options or {})
+        self.sessions: Final = SessionStore(self.hooks, clock=clock)
+        self.llm: Final = LlmRuntime(self.hooks)
+        self.tools: Final = ToolRuntime(self.hooks)
+        self.invariants: InvariantRegistry | None = InvariantRegistry()
+        self.session_persistence: SessionPersistence | None = None
+        self._stack: AsyncExitStack | None = None
+        self._task_group: TaskGroup | None = None
+        self._closed = False
+        for builtin in (self.llm, self.tools, DefaultPreStep()):
+            self.pm.register(builtin, name=builtin.name)
+        for name in block:
+            self.pm.set_blocked(name)
+        if autoload and not os.environ.get(AUTOLOAD_ENV):
+            self.pm.load_setuptools_entrypoints(PROJECT)
+        for plugin in plugins:
+            self.register(plugin)
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register *plugin* (configured at once if the host is open); return its name."""
+        if self._closed:
+            raise HostStateError("cannot register a plugin on a closed host")
+        registered = self.pm.register(plugin, name or getattr(plugin, "name", None))
+        if registered is None:
+            raise ValueError(f"plugin {name or plugin!r} is blocked on this host")
+        return registered
+
+    def unregister(self, plugin: object) -> None:
+        """Unconfigure *plugin* if the host is open, then remove all of its hooks."""
+        if self._stack is not None:
+            self.hooks.host_unconfigure(plugin)
+        self.pm.unregister(plugin)
+
+    @property
+    def task_group(self) -> TaskGroup:
+        """The task group for the plugins' background work, while the host is open."""
+        if self._task_group is None:
+            raise HostStateError("the host is not open; use 'async with host:'")
+        return self._task_group
+
+    def add_cleanup(self, cleanup: Callable[[], Awaitable[object]]) -> None:
+        """Run *cleanup* when the host closes, before its background tasks are cancelled.
+
+        Cleanups run last-added first; they run even if an earlier one fails.
+        """
+        if self._stack is None:
+            raise HostStateError("the host is not open; use 'async with host:'")
+        self._stack.push_async_callback(cleanup)
+
+    async def __aenter__(self) -> Host:
+        if self._stack is not None or self._closed:
+            raise HostStateError("a host can be opened only once")
+        async with AsyncExitStack() as stack:
+            self._task_group = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(self._task_group.cancel_scope.cancel)
+            self._stack = stack.pop_all()
+        self.hooks.host_configure()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        self._closed = True
+        assert stack is not None
+        try:
+            self.hooks.host_unconfigure()
+        finally:
+            await stack.__aexit__(exc_type, exc, traceback)
+            self._task_group = None

@@ -1,0 +1,172 @@
+"""Sessions: append-only event logs, and the store that knows which of them are live."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..events import SessionEvent, encode_data
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    from ._hooks import HostHooks
+
+__all__ = ["Session", "SessionError", "SessionNotLiveError", "SessionStore", "epoch_ms"]
+
+logger = logging.getLogger(__name__)
+
+
+def epoch_ms() -> int:
+    """The current time in Unix epoch milliseconds, the unit of ``SessionEvent.time``."""
+    return time.time_ns() // 1_000_000
+
+
+def _require_name(what: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise SessionError(f"{what} must be a non-empty string, not {value!r}")
+
+
+class SessionError(ValueError):
+    """A session was created or seeded with something it cannot hold."""
+
+
+class SessionNotLiveError(SessionError):
+    """The session is not (or no longer) live in this store."""
+
+
+class Session:
+    """An append-only event log whose ``seq`` always equals its length.
+
+    A session created by a :class:`SessionStore` is *live*: each append is announced to the
+    host's plugins through the ``session_event`` hook. A session built directly is detached.
+    """
+
+    __slots__ = ("_clock", "_log", "_on_append", "id")
+
+    def __init__(
+        self,
+        session_id: str,
+        events: Iterable[SessionEvent] = (),
+        *,
+        clock: Callable[[], int] = epoch_ms,
+        on_append: Callable[[Session, SessionEvent], None] | None = None,
+    ) -> None:
+        _require_name("a session id", session_id)
+        self.id = session_id
+        self._log = list(events)
+        for index, event in enumerate(self._log):
+            if event.seq != index:
+                raise SessionError(
+                    f"session {session_id!r}: events must be contiguous from seq 0, "
+                    f"but event {index} has seq {event.seq}"
+                )
+        self._clock = clock
+        self._on_append = on_append
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id!r} seq={len(self._log)}>"
+
+    @property
+    def seq(self) -> int:
+        """The seq the next event will get: the number of events in the log."""
+        return len(self._log)
+
+    @property
+    def events(self) -> Sequence[SessionEvent]:
+        """A snapshot of the log."""
+        return tuple(self._log)
+
+    def append(self, event_type: str, data: object) -> SessionEvent:
+        """Append an event and announce it; return the committed event.
+
+        :raises EventDataError: if *data* is not a lossless JSON object; nothing is appended.
+        """
+        _require_name("an event type", event_type)
+        copy, encoded = encode_data(event_type, data)
+        event = SessionEvent(event_type, len(self._log), self._clock(), copy, encoded)
+        self._log.append(event)
+        if self._on_append is not None:
+            self._on_append(self, event)
+        return event
+
+
+class SessionStore:
+    """The live sessions of one host, and the single entry point for flushing them."""
+
+    def __init__(self, hooks: HostHooks, *, clock: Callable[[], int] = epoch_ms) -> None:
+        self._hooks = hooks
+        self._clock = clock
+        self._live: dict[str, Session] = {}
+
+    def create(
+        self, session_id: str | None = None, *, seed: Iterable[SessionEvent] = ()
+    ) -> Session:
+        """Create a live session, optionally seeded with an already durable log.
+
+        :raises SessionError: if a live session already has this id.
+        """
+        session_id = uuid.uuid4().hex if session_id is None else session_id
+        if session_id in self._live:
+            raise SessionError(f"a live session {session_id!r} already exists")
+        session = Session(session_id, seed, clock=self._clock, on_append=self._announce)
+        self._live[session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        """Return the live session with this id, or ``None``."""
+        return self._live.get(session_id)
+
+    def is_live(self, session: Session) -> bool:
+        return self._live.get(session.id) is session
+
+    def live(self) -> tuple[Session, ...]:
+        return tuple(self._live.values())
+
+    def detach(self, session: Session) -> None:
+        """Stop treating *session* as live; its later appends are no longer announced."""
+        if self.is_live(session):
+            del self._live[session.id]
+            session._on_append = None
+
+    async def flush(self, session: Session) -> bool:
+        """Make every event admitted for *session* durable.
+
+        Every ``session_flush`` thunk is started concurrently; all of them settle before this
+        returns, and the first failure in registration order is raised.
+
+        :return: whether any plugin took part.
+        :raises SessionNotLiveError: if *session* is not live here; no plugin is called.
+        """
+        if not self.is_live(session):
+            raise SessionNotLiveError(f"session {session.id!r} is not live in this store")
+        thunks = self._hooks.session_flush(session)
+        if len(thunks) <= 1:
+            for thunk in thunks:
+                await thunk()
+            return bool(thunks)
+        failures: list[Exception | None] = [None] * len(thunks)
+
+        async def settle(index: int) -> None:
+            try:
+                await thunks[index]()
+            except Exception as exc:
+                failures[index] = exc
+
+        async with anyio.create_task_group() as group:
+            for index in range(len(thunks)):
+                group.start_soon(settle, index)
+        for failure in failures:
+            if failure is not None:
+                raise failure
+        return True
+
+    def _announce(self, session: Session, event: SessionEvent) -> None:
+        try:
+            self._hooks.session_event(session, event)
+        except Exception:
+            logger.exception("a session_event listener failed for %r seq %d", session.id, event.seq)

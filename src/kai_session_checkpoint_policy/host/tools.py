@@ -1,0 +1,129 @@
+"""The tool runtime: registered tools, run through the ``tools_execute`` hook chain."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, TypeAlias
+
+from ..hookspecs import hookimpl
+from ..results import (
+    ABORTED,
+    UNKNOWN_TOOL,
+    ErrorInfo,
+    TextBlock,
+    ToolResult,
+    aborted_before_dispatch,
+    error_result,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ..events import JSON
+    from ..hookspecs import ToolThunk
+    from ._hooks import HostHooks
+    from .agent import Agent
+    from .signals import AbortSignal
+
+__all__ = ["Tool", "ToolBody", "ToolExecution", "ToolRuntime", "error_message"]
+
+ToolBody: TypeAlias = "Callable[[ToolExecution], Awaitable[JSON | ToolResult]]"
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool the model may call.
+
+    ``run`` receives the execution and returns a JSON value (shown to the model as text) or a
+    complete :class:`ToolResult`. A tool is ``concurrency_safe`` when several calls of it may
+    run at the same time as other safe calls.
+    """
+
+    name: str
+    run: ToolBody
+    description: str = ""
+    concurrency_safe: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecution:
+    """One tool call on its way to a tool body.
+
+    ``agent`` is the agent the call runs for (``None`` for a direct call) and ``parent`` the
+    enclosing execution of a nested dispatch (``None`` for a call the model made).
+    """
+
+    call_id: str
+    name: str
+    arguments: JSON
+    signal: AbortSignal
+    agent: Agent | None = None
+    parent: ToolExecution | None = None
+
+
+def error_message(exc: BaseException) -> str:
+    """The text an error result shows for *exc*: its message, or its type when it has none."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception:
+        return "<unprintable exception>"
+
+
+class ToolRuntime:
+    """Registered tools, and the pipeline every call goes through."""
+
+    name = "kai-host-tools"
+
+    def __init__(self, hooks: HostHooks) -> None:
+        self._hooks = hooks
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> None:
+        """:raises ValueError: if a tool with this name is already registered."""
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is already registered")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._tools)
+
+    async def execute(self, execution: ToolExecution) -> ToolResult:
+        """Run one call through the ``tools_execute`` chain and return its result.
+
+        A call whose signal is already aborted is not dispatched. Any exception that a wrapper
+        or the body raises becomes an error result; anyio cancellation propagates.
+        """
+        if execution.signal.aborted:
+            return aborted_before_dispatch()
+        try:
+            return await self._hooks.tools_execute(execution)()
+        except Exception as exc:
+            return error_result(error_message(exc))
+
+    @hookimpl(trylast=True)
+    def tools_execute(self, execution: ToolExecution) -> ToolThunk:
+        return partial(self._dispatch, execution)
+
+    async def _dispatch(self, execution: ToolExecution) -> ToolResult:
+        if execution.signal.aborted:
+            return aborted_before_dispatch()
+        tool = self._tools.get(execution.name)
+        if tool is None:
+            return error_result(
+                f"unknown tool {execution.name!r}", ErrorInfo("UnknownToolError", UNKNOWN_TOOL)
+            )
+        return await _run_body(tool, execution)
+
+
+async def _run_body(tool: Tool, execution: ToolExecution) -> ToolResult:
+    value = await tool.run(execution)
+    if execution.signal.aborted:
+        return error_result("tool call aborted", ErrorInfo("AbortError", ABORTED))
+    if isinstance(value, ToolResult):
+        return value
+    return ToolResult(content=(TextBlock(value if isinstance(value, str) else json.dumps(value)),))
