@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 if TYPE_CHECKING:
     import pluggy
@@ -39,9 +40,8 @@ class HostHooks:
         if plugin is None:
             self._hook.host_unconfigure(host=self._host)
             return
-        for impl in reversed(self._hook.host_unconfigure.get_hookimpls()):
-            if impl.plugin is plugin:
-                impl.function(host=self._host)
+        others = [other for other in self._pm.get_plugins() if other is not plugin]
+        self._pm.subset_hook_caller("host_unconfigure", others)(host=self._host)
 
     def llm_stream(self, request: LlmRequest) -> StreamThunk:
         return cast("StreamThunk", self._first("llm_stream", request=request))
@@ -53,9 +53,23 @@ class HostHooks:
         return cast("PreStepThunk", self._first("agent_pre_step", step=step))
 
     def session_flush(self, session: Session) -> list[FlushThunk]:
-        """The flush thunks of every participating plugin, in registration order."""
-        thunks: list[FlushThunk] = self._hook.session_flush(session=session, host=self._host)
-        thunks.reverse()
+        """The flush thunks of every participating plugin, in registration order.
+
+        Each implementation is called on its own: one that raises while building its thunk
+        gets a thunk raising that error, so it cannot keep the others from being started.
+        ``session_flush`` has no hook wrappers.
+        """
+        kwargs = {"session": session, "host": self._host}
+        thunks: list[FlushThunk] = []
+        for impl in self._hook.session_flush.get_hookimpls():
+            if impl.wrapper or impl.hookwrapper:
+                raise TypeError(f"session_flush cannot be a hook wrapper ({impl.plugin_name})")
+            try:
+                thunk = cast("FlushThunk | None", impl.function(*map(kwargs.get, impl.argnames)))
+            except Exception as exc:
+                thunk = partial(_raise, exc)
+            if thunk is not None:
+                thunks.append(thunk)
         return thunks
 
     def session_event(self, session: Session, event: SessionEvent) -> None:
@@ -66,3 +80,7 @@ class HostHooks:
         if thunk is None:
             raise MissingImplementationError(f"no plugin returned a thunk for {name}")
         return thunk
+
+
+async def _raise(exc: Exception) -> NoReturn:
+    raise exc

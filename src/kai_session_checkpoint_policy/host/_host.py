@@ -88,10 +88,15 @@ class Host:
         return registered
 
     def unregister(self, plugin: object) -> None:
-        """Unconfigure *plugin* if the host is open, then remove all of its hooks."""
-        if self._stack is not None:
-            self.hooks.host_unconfigure(plugin)
-        self.pm.unregister(plugin)
+        """Unconfigure *plugin* if the host is open, then remove all of its hooks.
+
+        The hooks are removed even if unconfiguring raises; the error then propagates.
+        """
+        try:
+            if self._stack is not None:
+                self.hooks.host_unconfigure(plugin)
+        finally:
+            self.pm.unregister(plugin)
 
     @property
     def task_group(self) -> TaskGroup:
