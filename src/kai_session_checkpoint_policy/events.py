@@ -64,8 +64,8 @@ class SessionEvent:
     seq: int
     time: int
     data: JSONObject
-    data_json: str = field(repr=False, compare=False)
-    """The canonical encoding of ``data`` (compact, ASCII, no NaN)."""
+    data_json: str | None = field(default=None, repr=False, compare=False)
+    """The canonical encoding of ``data`` when known (compact, ASCII, no NaN)."""
 
     def to_json(self) -> JSONObject:
         """Return the envelope as a JSON object: ``type``, ``seq``, ``time``, ``data``."""
@@ -75,7 +75,7 @@ class SessionEvent:
         """Return the envelope as one line of compact JSON, without the newline."""
         return (
             f'{{"type":{_encoder.encode(self.type)},"seq":{self.seq},'
-            f'"time":{self.time},"data":{self.data_json}}}'
+            f'"time":{self.time},"data":{self.data_json or _encoder.encode(self.data)}}}'
         )
 
 

@@ -1,0 +1,71 @@
+"""What can go wrong when reading or writing a session log."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = [
+    "CorruptLogError",
+    "InvalidSessionIdError",
+    "LiveSessionError",
+    "PersistenceError",
+    "RollbackError",
+    "SeqMismatchError",
+    "SessionLockedError",
+    "SessionNotFoundError",
+    "UnsupportedFormatError",
+]
+
+
+class PersistenceError(Exception):
+    """Base class of every persistence error."""
+
+
+class InvalidSessionIdError(PersistenceError, ValueError):
+    """The session id cannot name a session (empty, or too long)."""
+
+
+class SessionNotFoundError(PersistenceError, LookupError):
+    """No log exists for the session id."""
+
+
+class CorruptLogError(PersistenceError):
+    """A log is damaged inside its committed region; nothing was changed."""
+
+    def __init__(self, path: Path, line: int, problem: str) -> None:
+        super().__init__(f"corrupt session log {path}, line {line}: {problem}")
+        self.path = path
+        self.line = line
+        self.problem = problem
+
+
+class UnsupportedFormatError(PersistenceError):
+    """A log is intact but written in a format version this release does not read."""
+
+
+class SeqMismatchError(PersistenceError):
+    """A batch does not continue the durable log exactly; nothing was written."""
+
+
+class SessionLockedError(PersistenceError):
+    """Another writer (usually another process) holds the session's log."""
+
+
+class LiveSessionError(PersistenceError):
+    """The session is live here with an open turn; it cannot be loaded until the turn ends."""
+
+
+class RollbackError(PersistenceError):
+    """A failed append could not be rolled back; the log file needs recovery before use."""
+
+    def __init__(self, path: Path, error: BaseException, rollback_error: BaseException) -> None:
+        super().__init__(
+            f"failed to roll back a failed append to {path}: {rollback_error} "
+            f"(the append failed with: {error})"
+        )
+        self.path = path
+        self.error = error
+        self.rollback_error = rollback_error

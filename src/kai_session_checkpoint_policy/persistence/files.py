@@ -1,0 +1,160 @@
+"""The file layer: every system call the JSONL backend makes, in one replaceable class.
+
+Each method is one small step (one write, one fsync, one truncate), so a test can replace this
+class to fail the Nth write or fsync, or to keep unsynced bytes in memory and lose them at a
+simulated crash. Methods block; the backend calls them from worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["LockedError", "OsFiles"]
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+class LockedError(OSError):
+    """Another open writer holds the session's lock."""
+
+
+class OsFiles:
+    """The real file layer, counting each system call it makes in :attr:`calls`."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    # -- directories --------------------------------------------------------------------------
+
+    def makedirs(self, path: Path) -> None:
+        """Create *path* and any missing parents (mode 0700), each made durable in its parent."""
+        missing: list[Path] = []
+        current = path
+        while not current.exists():
+            missing.append(current)
+            current = current.parent
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, _DIR_MODE)
+            except FileExistsError:
+                continue
+            self.fsync_dir(directory.parent)
+        if path.is_symlink() or not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+
+    def fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.calls["fsync_dir"] += 1
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- whole files --------------------------------------------------------------------------
+
+    def publish(self, path: Path, data: bytes) -> None:
+        """Create *path* holding *data*, durably and atomically.
+
+        The bytes go to a temporary file that is fsynced, then hard-linked to *path* (which
+        fails if *path* exists, so two writers cannot both create it), then the directory is
+        fsynced.
+
+        :raises FileExistsError: if *path* already exists.
+        """
+        temporary = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
+        try:
+            try:
+                self.write(fd, data)
+                self.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(temporary, path)
+            try:
+                self.fsync_dir(path.parent)
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def read(self, path: Path) -> bytes:
+        """Read the whole file; a symlink is refused."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def read_first_line(self, path: Path, limit: int = 1 << 16) -> bytes:
+        """Read up to the first newline (included), at most *limit* bytes; a symlink is refused."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = b""
+            while b"\n" not in data and len(data) < limit and (chunk := os.read(fd, 8192)):
+                data += chunk
+            end = data.find(b"\n")
+            return data if end < 0 else data[: end + 1]
+        finally:
+            os.close(fd)
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def open_append(self, path: Path) -> int:
+        """Open an existing log for appending; a symlink is refused."""
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def write(self, fd: int, data: bytes) -> None:
+        """Write all of *data*."""
+        view = memoryview(data)
+        while view:
+            self.calls["write"] += 1
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def fsync(self, fd: int) -> None:
+        self.calls["fsync"] += 1
+        os.fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.calls["truncate"] += 1
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    # -- locking ------------------------------------------------------------------------------
+
+    def lock(self, path: Path) -> int:
+        """Take the exclusive lock file *path* (created 0600 if missing); return its handle.
+
+        :raises LockedError: if another open file description holds it.
+        """
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockedError(errno.EWOULDBLOCK, "locked by another writer", str(path)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def unlock(self, fd: int) -> None:
+        os.close(fd)

@@ -1,0 +1,214 @@
+"""The JSONL session log format.
+
+Layout under the root directory::
+
+    <root>/                         mode 0700
+      <escaped session id>/         mode 0700, one directory per session
+        session.jsonl               mode 0600, the log
+        session.lock                mode 0600, held (flock) by the one process writing the log
+        session.jsonl.torn-<offset> bytes cut from a torn tail by recovery, kept for inspection
+
+``session.jsonl`` is UTF-8 text, one JSON object per line, every line ending in ``\\n``::
+
+    {"format":"kai-session","version":1,"id":"<session id>","createdAt":<epoch ms>}
+    {"type":"<event type>","seq":0,"time":<epoch ms>,"data":{...}}
+    {"type":"<event type>","seq":1,"time":<epoch ms>,"data":{...}}
+    ...
+
+The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. The file
+is created with its header and first batch at once (temporary file, fsync, hard link, directory
+fsync); every later batch is appended with one write and one fsync. A crash can therefore leave
+only a *torn tail*: a final fragment without its newline, or a last batch whose bytes are damaged.
+
+Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
+as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
+only of dots is escaped entirely, so no id can name ``.``, ``..`` or a path outside the root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from ..events import JSON, SessionEvent
+from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LOCK_NAME",
+    "LOG_NAME",
+    "Scan",
+    "SessionHeader",
+    "decode_session_id",
+    "encode_header",
+    "encode_session_id",
+    "scan_log",
+]
+
+FORMAT: Final = "kai-session"
+FORMAT_VERSION: Final = 1
+LOG_NAME: Final = "session.jsonl"
+LOCK_NAME: Final = "session.lock"
+MAX_ESCAPED_ID: Final = 200
+"""The longest escaped id, in bytes, kept well below the 255 bytes a file name may have."""
+
+_SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
+_ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHeader:
+    """The first line of a session log."""
+
+    id: str
+    created_at: int
+    version: int = FORMAT_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a log holds: its header, the valid events, and where the committed bytes end.
+
+    ``torn`` holds the bytes after ``committed_bytes``: a torn tail that recovery cuts off.
+    """
+
+    header: SessionHeader
+    events: tuple[SessionEvent, ...]
+    committed_bytes: int
+    torn: bytes
+
+
+def encode_session_id(session_id: str) -> str:
+    """Escape *session_id* into a single, safe directory name.
+
+    :raises InvalidSessionIdError: if the id is empty, or too long once escaped.
+    """
+    checked: object = session_id
+    if not isinstance(checked, str) or not checked:
+        raise InvalidSessionIdError(f"a session id must be a non-empty string, not {checked!r}")
+    raw = session_id.encode("utf-8", "surrogatepass")
+    if raw.strip(b".") == b"":
+        escaped = "".join(f"~{byte:02X}" for byte in raw)
+    else:
+        escaped = "".join(chr(byte) if byte in _SAFE else f"~{byte:02X}" for byte in raw)
+    if len(escaped) > MAX_ESCAPED_ID:
+        raise InvalidSessionIdError(
+            f"session id is too long: {len(escaped)} bytes once escaped, "
+            f"at most {MAX_ESCAPED_ID} (id starts {session_id[:40]!r})"
+        )
+    return escaped
+
+
+def decode_session_id(name: str) -> str:
+    """Invert :func:`encode_session_id`."""
+    raw = _ESCAPE.sub(lambda match: chr(int(match.group(1), 16)), name).encode("latin-1")
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def encode_header(header: SessionHeader) -> bytes:
+    line = {
+        "format": FORMAT,
+        "version": header.version,
+        "id": header.id,
+        "createdAt": header.created_at,
+    }
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+
+
+def _decode_header(line: bytes, path: Path) -> SessionHeader:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise CorruptLogError(path, 1, "the first line is not a kai-session header")
+    version = record.get("version")
+    if type(version) is int and version > FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path} was written in session format version {version}, newer than version "
+            f"{FORMAT_VERSION} which this release reads; upgrade kai-session-checkpoint-policy"
+        )
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"{path} has session format version {version!r}; this release reads only "
+            f"version {FORMAT_VERSION}"
+        )
+    session_id, created_at = record.get("id"), record.get("createdAt")
+    if not isinstance(session_id, str) or not session_id:
+        raise CorruptLogError(path, 1, "the header has no session id")
+    if type(created_at) is not int or created_at < 0:
+        raise CorruptLogError(path, 1, "the header's createdAt is not a non-negative integer")
+    return SessionHeader(session_id, created_at, version)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | str:
+    """Decode one event line, or describe why it is not the event expected next."""
+    try:
+        record = json.loads(line, parse_constant=_reject_constant)
+    except ValueError as exc:
+        return f"not valid JSON ({exc})"
+    if not isinstance(record, dict) or record.keys() != _ENVELOPE:
+        return "not an event envelope with exactly type, seq, time and data"
+    event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
+    if not isinstance(event_type, str) or not event_type:
+        return "the event type is not a non-empty string"
+    if type(time) is not int:
+        return "the event time is not an integer"
+    if type(seq) is not int:
+        return "the event seq is not an integer"
+    if seq != expected_seq:
+        return f"seq {seq} where {expected_seq} was expected"
+    if not isinstance(data, dict):
+        return "the event data is not a JSON object"
+    return SessionEvent(event_type, seq, time, data)
+
+
+def _is_turn_end(line: bytes) -> bool:
+    try:
+        record: JSON = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("type") == "turn/end"
+
+
+def scan_log(data: bytes, path: Path) -> Scan:
+    """Read a whole log; separate its committed events from a torn tail.
+
+    A final line without its newline is torn. A damaged line (not JSON, not an event, or a seq
+    out of order) starts the torn tail too, unless a ``turn/end`` follows it: then it lies in
+    the committed region, and the log is corrupt.
+
+    :raises CorruptLogError: naming *path* and the line.
+    :raises UnsupportedFormatError: if the header has another format version.
+    """
+    end = data.find(b"\n")
+    if end < 0:
+        raise CorruptLogError(path, 1, "the header line is incomplete")
+    header = _decode_header(data[:end], path)
+    events: list[SessionEvent] = []
+    offset = end + 1
+    line_number = 1
+    while offset < len(data):
+        line_number += 1
+        end = data.find(b"\n", offset)
+        if end < 0:
+            break
+        decoded = _decode_event(data[offset:end], len(events))
+        if isinstance(decoded, str):
+            if any(_is_turn_end(line) for line in data[end + 1 :].split(b"\n")):
+                raise CorruptLogError(path, line_number, decoded)
+            break
+        events.append(decoded)
+        offset = end + 1
+    return Scan(header, tuple(events), offset, data[offset:])

@@ -1,0 +1,497 @@
+"""The JSONL persistence backend: bounded background batches and group-commit flushes.
+
+Each appended event is queued for its session (the event is immutable, so the queue holds the
+event itself). A batch is written at the latest when the session's *window* expires: the window
+opens with the first event queued after the previous batch was taken and is never extended by
+later events. :meth:`JsonlSessionPersistence.flush` is a barrier: it drains everything queued,
+including events queued while it runs, and returns once all of it is written and fsynced.
+Concurrent flushes of one session share one barrier, so a burst of tool checkpoints costs one
+write and one fsync.
+
+Every batch is checked against the durable cursor (the number of events on disk) before it is
+written: a gap or a repeat is refused, never written. A failed write or fsync truncates the
+partial bytes away and keeps the batch queued for the next flush; after a failure the file is
+reopened and re-read before the next write, so a failed fsync is never taken for success.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import anyio.to_thread
+
+from ..hookspecs import hookimpl
+from .errors import (
+    InvalidSessionIdError,
+    LiveSessionError,
+    PersistenceError,
+    RollbackError,
+    SeqMismatchError,
+    SessionLockedError,
+    SessionNotFoundError,
+)
+from .files import LockedError, OsFiles
+from .format import (
+    LOCK_NAME,
+    LOG_NAME,
+    SessionHeader,
+    decode_session_id,
+    encode_header,
+    encode_session_id,
+    scan_log,
+)
+from .repair import interrupted_turn_closers
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Sequence
+
+    from anyio.abc import TaskGroup
+
+    from ..events import SessionEvent
+    from ..hookspecs import FlushThunk
+    from ..host import Host, Session
+
+__all__ = ["DEFAULT_BATCH_WINDOW", "JsonlSessionPersistence", "PersistenceStatistics", "StoredLog"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_WINDOW: Final = 0.2
+"""Seconds an admitted event may wait before a background batch writes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLog:
+    """A session log as stored, and the repair that closes its open turn.
+
+    From :meth:`~JsonlSessionPersistence.inspect`, ``events`` are the stored events and
+    ``repair`` the closers recovery *would* append. From :meth:`~JsonlSessionPersistence.load`,
+    ``events`` already end with ``repair``, which that call appended.
+    """
+
+    header: SessionHeader
+    events: tuple[SessionEvent, ...]
+    repair: tuple[SessionEvent, ...]
+    torn_bytes: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class PersistenceStatistics:
+    """Counters of one backend since it was created."""
+
+    sessions: int
+    """Sessions with a writer (sessions that admitted events)."""
+    pending_events: int
+    """Events admitted and not yet durable."""
+    batches: int
+    """Batches made durable."""
+    writes: int
+    """``write`` system calls on logs and temporary files."""
+    fsyncs: int
+    """``fsync`` system calls on files."""
+    directory_fsyncs: int
+    """``fsync`` system calls on directories."""
+
+
+class _Log:
+    """The durable state of one session file. Touched only by the writer holding its lock."""
+
+    __slots__ = ("count", "fd", "lock_fd", "path", "size", "suspect")
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self.lock_fd = lock_fd
+        self.fd: int | None = None  # None until the file exists
+        self.size = 0  # committed bytes
+        self.count = 0  # durable events: the seq the next event must have
+        self.suspect = False  # a write failed: re-read the file before the next one
+
+
+class _Barrier:
+    """One flush in progress that later flushes of the same session join."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: Exception | None = None
+
+
+class _Writer:
+    """The queue of one session and its single writing lane."""
+
+    __slots__ = (
+        "barrier",
+        "lane",
+        "log",
+        "pending",
+        "session",
+        "session_id",
+        "window",
+        "window_open",
+    )
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.session_id = session.id
+        self.pending: list[SessionEvent] = []
+        self.window = 0  # counts windows, so a timer can tell whether its window is still open
+        self.window_open = False
+        self.barrier: _Barrier | None = None
+        self.lane = anyio.Lock()  # at most one write per session at a time
+        self.log: _Log | None = None
+
+
+class JsonlSessionPersistence:
+    """Persist every live session of a host as a JSONL log under *root*.
+
+    Register it on a :class:`~kai_session_checkpoint_policy.host.Host`: opening the host makes
+    it the host's ``session_persistence``; closing the host drains every queue. Reading
+    (:meth:`list_sessions`, :meth:`inspect`, :meth:`load`) also works without a host.
+
+    :param root: The directory that holds one directory per session; created on first write.
+    :param batch_window: Seconds an event may wait before a background batch writes it.
+    :param files: The file layer; replace it to inject faults.
+    """
+
+    name: Final = "session-persistence-jsonl"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        batch_window: float = DEFAULT_BATCH_WINDOW,
+        files: OsFiles | None = None,
+    ) -> None:
+        window: object = batch_window
+        if not isinstance(window, (int, float)) or not math.isfinite(window) or window <= 0:
+            raise ValueError(f"batch_window must be a positive number of seconds, not {window!r}")
+        self.root: Final = Path(root).absolute()
+        self.batch_window: Final = float(batch_window)
+        self.files: Final = files if files is not None else OsFiles()
+        self._writers: dict[str, _Writer] = {}
+        self._task_group: TaskGroup | None = None
+        self._batches = 0
+
+    def __repr__(self) -> str:
+        return f"<JsonlSessionPersistence root={str(self.root)!r}>"
+
+    # -- plugin hooks ---------------------------------------------------------------------------
+
+    @hookimpl
+    def host_configure(self, host: Host) -> None:
+        host.session_persistence = self
+        self._task_group = host.task_group
+        host.add_cleanup(self.aclose)
+
+    @hookimpl
+    def host_unconfigure(self, host: Host) -> None:
+        if host.session_persistence is self:
+            host.session_persistence = None
+
+    @hookimpl
+    def session_event(self, session: Session, event: SessionEvent) -> None:
+        writer = self._writers.get(session.id)
+        if writer is None:
+            writer = self._writers[session.id] = _Writer(session)
+        writer.session = session  # a session resumed under the same id continues the same log
+        writer.pending.append(event)
+        if not writer.window_open and writer.barrier is None and self._task_group is not None:
+            writer.window += 1
+            writer.window_open = True
+            deadline = anyio.current_time() + self.batch_window
+            self._task_group.start_soon(self._window_expired, writer, writer.window, deadline)
+
+    @hookimpl
+    def session_flush(self, session: Session) -> FlushThunk | None:
+        writer = self._writers.get(session.id)
+        if writer is None:
+            return None
+        return lambda: self._flush(writer)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    async def flush(self, session_id: str) -> None:
+        """Make every event admitted for *session_id* durable (nothing to do if none were)."""
+        writer = self._writers.get(session_id)
+        if writer is not None:
+            await self._flush(writer)
+
+    def durable_count(self, session_id: str) -> int:
+        """How many events of the live session *session_id* are known to be on disk."""
+        writer = self._writers.get(session_id)
+        return 0 if writer is None or writer.log is None else writer.log.count
+
+    def statistics(self) -> PersistenceStatistics:
+        calls = self.files.calls
+        return PersistenceStatistics(
+            sessions=len(self._writers),
+            pending_events=sum(len(writer.pending) for writer in self._writers.values()),
+            batches=self._batches,
+            writes=calls["write"],
+            fsyncs=calls["fsync"],
+            directory_fsyncs=calls["fsync_dir"],
+        )
+
+    async def aclose(self) -> None:
+        """Drain every queue, then release every file; the first drain failure is raised."""
+        failures: list[Exception] = []
+        for writer in list(self._writers.values()):
+            try:
+                await self._flush(writer)
+            except Exception as exc:
+                failures.append(exc)
+        self._task_group = None
+        for writer in self._writers.values():
+            if writer.log is not None:
+                await anyio.to_thread.run_sync(self._release, writer.log)
+                writer.log = None
+        self._writers.clear()
+        if failures:
+            raise failures[0]
+
+    async def _flush(self, writer: _Writer) -> None:
+        barrier = writer.barrier
+        if barrier is not None:
+            await barrier.done.wait()
+            if barrier.error is not None:
+                raise barrier.error
+            return
+        if not writer.pending and not writer.lane.locked():
+            return
+        barrier = writer.barrier = _Barrier()
+        writer.window_open = False
+        try:
+            with anyio.CancelScope(shield=True):
+                async with writer.lane:
+                    while writer.pending:
+                        await self._write_pending(writer)
+                    writer.barrier = None  # in the same step that saw the queue empty
+        except Exception as exc:
+            barrier.error = exc
+            raise
+        finally:
+            if writer.barrier is barrier:
+                writer.barrier = None
+            barrier.done.set()
+
+    async def _window_expired(self, writer: _Writer, window: int, deadline: float) -> None:
+        await anyio.sleep_until(deadline)
+        async with writer.lane:
+            if writer.window != window or not writer.window_open or writer.barrier is not None:
+                return
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._write_pending(writer)
+            except Exception:
+                logger.exception(
+                    "background write of session %r failed; the batch stays queued",
+                    writer.session_id,
+                )
+
+    async def _write_pending(self, writer: _Writer) -> None:
+        """Write the whole queue as one batch. The caller holds the lane, shielded."""
+        batch, writer.pending = writer.pending, []
+        writer.window_open = False
+        try:
+            await anyio.to_thread.run_sync(self._append, writer, batch)
+        except BaseException:
+            writer.pending[:0] = batch
+            raise
+        self._batches += 1
+
+    def _append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
+        """Append *batch* to the session's file durably (in a worker thread)."""
+        log = writer.log
+        if log is None:
+            log = writer.log = self._open_for_writing(writer.session_id)
+        elif log.suspect:
+            self._verify(log, writer.session_id)
+        for index, event in enumerate(batch):
+            if event.seq != log.count + index:
+                raise SeqMismatchError(
+                    f"session {writer.session_id!r}: refusing to write seq {event.seq} at "
+                    f"position {index} of a batch; the log on disk holds {log.count} events, "
+                    f"so seq {log.count + index} was expected"
+                )
+        data = "".join([f"{event.encode()}\n" for event in batch]).encode()
+        if log.fd is None:
+            header = encode_header(SessionHeader(writer.session_id, batch[0].time))
+            self.files.publish(log.path, header + data)
+            log.fd = self.files.open_append(log.path)
+            log.size = len(header) + len(data)
+        else:
+            self._append_bytes(log, log.fd, data)
+        log.count += len(batch)
+
+    def _append_bytes(self, log: _Log, fd: int, data: bytes) -> None:
+        """Write *data* at the end of the log and fsync; on failure, truncate it away."""
+        try:
+            self.files.write(fd, data)
+            self.files.fsync(fd)
+        except BaseException as error:
+            log.suspect = True
+            try:
+                self.files.truncate(fd, log.size)
+                self.files.fsync(fd)
+            except BaseException as rollback_error:
+                raise RollbackError(log.path, error, rollback_error) from error
+            raise
+        log.size += len(data)
+
+    def _open_for_writing(self, session_id: str) -> _Log:
+        directory = self._directory(session_id)
+        self.files.makedirs(directory)
+        log = _Log(directory / LOG_NAME, self._lock(session_id, directory))
+        try:
+            if log.path.exists() or log.path.is_symlink():
+                self._verify(log, session_id)
+        except BaseException:
+            self._release(log)
+            raise
+        return log
+
+    def _lock(self, session_id: str, directory: Path) -> int:
+        try:
+            return self.files.lock(directory / LOCK_NAME)
+        except LockedError:
+            raise SessionLockedError(
+                f"session {session_id!r} is being written by another process "
+                f"(it holds {directory / LOCK_NAME})"
+            ) from None
+
+    def _verify(self, log: _Log, session_id: str) -> None:
+        """(Re)open an existing log, check that it ends cleanly, and take its size and count.
+
+        After a failed write the log is *suspect*: a torn tail left by that write is cut off,
+        and the file must still hold exactly the events known durable.
+        """
+        if log.fd is not None:
+            self.files.close(log.fd)
+            log.fd = None
+        scan = scan_log(self._read(log.path), log.path)
+        if scan.header.id != session_id:
+            raise PersistenceError(f"{log.path} belongs to session {scan.header.id!r}")
+        if log.suspect and len(scan.events) != log.count:
+            raise PersistenceError(
+                f"{log.path} holds {len(scan.events)} events where {log.count} were durable"
+            )
+        if scan.torn and not log.suspect:
+            raise PersistenceError(
+                f"{log.path} ends in a torn tail of {len(scan.torn)} bytes; "
+                "load the session with recovery before writing to it"
+            )
+        fd = self.files.open_append(log.path)
+        if scan.torn:
+            self.files.truncate(fd, scan.committed_bytes)
+            self.files.fsync(fd)
+        log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
+
+    def _release(self, log: _Log) -> None:
+        if log.fd is not None:
+            self.files.close(log.fd)
+            log.fd = None
+        self.files.unlock(log.lock_fd)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def list_sessions(self) -> list[SessionHeader]:
+        """The headers of the sessions stored under the root, oldest first."""
+        return await anyio.to_thread.run_sync(self._list)
+
+    async def inspect(self, session_id: str) -> StoredLog:
+        """Read a log without changing anything; ``repair`` is what recovery would append.
+
+        :raises SessionNotFoundError: if there is no log for *session_id*.
+        :raises CorruptLogError: if the committed region is damaged.
+        :raises UnsupportedFormatError: if the log has another format version.
+        """
+        path = self._directory(session_id) / LOG_NAME
+        scan = scan_log(await anyio.to_thread.run_sync(self._read, path), path)
+        repair = interrupted_turn_closers(scan.events)
+        return StoredLog(scan.header, scan.events, repair, len(scan.torn), path)
+
+    async def load(self, session_id: str) -> StoredLog:
+        """Read a log with recovery: cut a torn tail (kept beside the log), close an open turn.
+
+        The repair is made durable before this returns, so loading twice changes nothing more.
+
+        :raises LiveSessionError: if the session is live here and its turn is still open.
+        :raises SessionLockedError: if another process is writing the session.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError: as
+            :meth:`inspect`.
+        """
+        writer = self._writers.get(session_id)
+        if writer is not None:
+            events = writer.session.events
+            if interrupted_turn_closers(events):
+                raise LiveSessionError(
+                    f"cannot load session {session_id!r} while its live turn is open"
+                )
+            await self._flush(writer)
+            assert writer.log is not None
+            header = SessionHeader(session_id, events[0].time)
+            return StoredLog(header, tuple(events), (), 0, writer.log.path)
+        with anyio.CancelScope(shield=True):
+            recovered = await anyio.to_thread.run_sync(self._recover, session_id)
+        return recovered
+
+    def _recover(self, session_id: str) -> StoredLog:
+        directory = self._directory(session_id)
+        path = directory / LOG_NAME
+        if not (path.exists() or path.is_symlink()):
+            raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
+        log = _Log(path, self._lock(session_id, directory))
+        try:
+            scan = scan_log(self._read(path), path)
+            repair = interrupted_turn_closers(scan.events)
+            if scan.torn:
+                keep = directory / f"{LOG_NAME}.torn-{scan.committed_bytes}"
+                if not keep.exists():
+                    self.files.publish(keep, scan.torn)
+            if scan.torn or repair:
+                fd = log.fd = self.files.open_append(path)
+                self.files.truncate(fd, scan.committed_bytes)
+                self.files.fsync(fd)
+                log.size = scan.committed_bytes
+                self._append_bytes(log, fd, "".join(f"{e.encode()}\n" for e in repair).encode())
+            return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
+        finally:
+            self._release(log)
+
+    def _list(self) -> list[SessionHeader]:
+        if not self.root.is_dir():
+            return []
+        headers = []
+        for entry in sorted(self.root.iterdir()):
+            path = entry / LOG_NAME
+            if entry.is_symlink() or not path.is_file():
+                continue
+            line = self.files.read_first_line(path)
+            headers.append(scan_log(line, path).header)
+        return sorted(headers, key=lambda header: (header.created_at, header.id))
+
+    def _read(self, path: Path) -> bytes:
+        try:
+            return self.files.read(path)
+        except FileNotFoundError:
+            session_id = decode_session_id(path.parent.name)
+            raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
+        except OSError as exc:
+            if path.is_symlink():
+                raise PersistenceError(f"{path} is a symbolic link; refusing to follow it") from exc
+            raise
+
+    def _directory(self, session_id: str) -> Path:
+        directory = self.root / encode_session_id(session_id)
+        if directory.is_symlink():
+            raise InvalidSessionIdError(
+                f"{directory} is a symbolic link; refusing to follow it out of the root"
+            )
+        return directory

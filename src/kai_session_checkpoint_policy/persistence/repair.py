@@ -1,0 +1,114 @@
+"""Crash repair: the events that close a turn a crash left open.
+
+A log that ends inside a turn is closed by synthetic events, in this order:
+
+1. one error ``tool/result`` for every tool call the model asked for that has no result:
+   ``TOOL_OUTCOME_UNKNOWN`` if its ``tool/call`` is in the log (the call started, and its side
+   effect may have happened), ``TOOL_NOT_STARTED`` if not (the call never started);
+2. ``step/end``, if a step is open;
+3. ``turn/end`` with reason ``{"kind": "interrupted"}``.
+
+Their seqs continue the log and their time is the time of the last event, so the repair of a
+given log is always the same. Recovery never dispatches anything again: the model decides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from ..events import JSONObject, SessionEvent, encode_data, tool_result_data
+from ..results import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ErrorInfo, error_result
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers"]
+
+OUTCOME_UNKNOWN_TEXT: Final = (
+    "the session stopped after this tool call started and before its result was saved, so it "
+    "is not known whether the call took effect. Retry only if the operation is read-only or "
+    "idempotent. If it may have had side effects, first verify the external state or ask the "
+    "user. Do not retry blindly."
+)
+NOT_STARTED_TEXT: Final = (
+    "the session stopped before this tool call started, so it had no effect. It may be "
+    "retried if it is still needed."
+)
+
+_OUTCOME_UNKNOWN: Final = error_result(
+    OUTCOME_UNKNOWN_TEXT, ErrorInfo("ToolOutcomeUnknownError", TOOL_OUTCOME_UNKNOWN)
+)
+_NOT_STARTED: Final = error_result(
+    NOT_STARTED_TEXT, ErrorInfo("ToolNotStartedError", TOOL_NOT_STARTED)
+)
+
+
+def interrupted_turn_closers(events: Sequence[SessionEvent]) -> tuple[SessionEvent, ...]:
+    """Return the events that close the open turn at the end of *events*, or ``()``."""
+    turn: int | None = None
+    step: int | None = None
+    pending: dict[str, tuple[int, bool]] = {}  # call id -> (step, tool/call recorded)
+    for event in events:
+        data = event.data
+        if event.type == "turn/start":
+            turn, step, pending = _int(data, "turn"), None, {}
+        elif event.type == "turn/end":
+            turn, step, pending = None, None, {}
+        elif event.type == "step/start":
+            step = _int(data, "step")
+        elif event.type == "step/end":
+            step, pending = None, {}
+        elif event.type == "assistant/message":
+            for call_id in _tool_call_ids(data):
+                pending[call_id] = (_int(data, "step"), False)
+        elif event.type == "tool/call":
+            started = data.get("callId")
+            if isinstance(started, str) and started in pending:
+                pending[started] = (pending[started][0], True)
+        elif event.type == "tool/result":
+            answered = _result_call_id(data)
+            if answered is not None:
+                pending.pop(answered, None)
+    if turn is None:
+        return ()
+    closers: list[tuple[str, JSONObject]] = [
+        (
+            "tool/result",
+            tool_result_data(
+                turn, call_step, call_id, _OUTCOME_UNKNOWN if recorded else _NOT_STARTED
+            ),
+        )
+        for call_id, (call_step, recorded) in pending.items()
+    ]
+    if step is not None:
+        closers.append(("step/end", {"turn": turn, "step": step}))
+    closers.append(("turn/end", {"turn": turn, "reason": {"kind": "interrupted"}}))
+    seq, time = len(events), events[-1].time
+    return tuple(
+        SessionEvent(event_type, seq + index, time, *encode_data(event_type, data))
+        for index, (event_type, data) in enumerate(closers)
+    )
+
+
+def _int(data: JSONObject, key: str) -> int:
+    value = data.get(key)
+    return value if type(value) is int else 0
+
+
+def _tool_call_ids(data: JSONObject) -> list[str]:
+    message = data.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    ids: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict) and block.get("type") == "tool-call":
+            call_id = block.get("id")
+            if isinstance(call_id, str):
+                ids.append(call_id)
+    return ids
+
+
+def _result_call_id(data: JSONObject) -> str | None:
+    message = data.get("message")
+    source = message.get("source") if isinstance(message, dict) else None
+    call_id = source.get("callId") if isinstance(source, dict) else None
+    return call_id if isinstance(call_id, str) else None
