@@ -1,0 +1,439 @@
+"""``kai-checkpoint``: run the demo agent, and look into session logs on disk.
+
+Subcommands::
+
+    kai-checkpoint demo [--root DIR]
+    kai-checkpoint agent --root DIR --session ID [--no-policy] [--ledger FILE]
+                         [--hang-at request|tool --marker FILE]
+    kai-checkpoint list ROOT
+    kai-checkpoint inspect ROOT SESSION [--json]
+    kai-checkpoint recover ROOT SESSION [--json]
+
+Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
+this release does not read), with one line on standard error that names the problem.
+``list`` and ``inspect`` never write anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, NoReturn, TextIO
+
+import anyio
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from .events import JSON, SessionEvent
+    from .persistence import StoredLog
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_OK",
+    "Console",
+    "UsageError",
+    "describe",
+    "event_line",
+    "main",
+]
+
+PROG: Final = "kai-checkpoint"
+EXIT_OK: Final = 0
+EXIT_BAD_INPUT: Final = 2
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported on one line, exit status 2."""
+
+
+# -------------------------------------------------------------------------------------------
+# Output
+# -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Console:
+    """Where human-readable output goes, with colour only on a terminal that wants it.
+
+    Colour is used when *stream* is a terminal, ``NO_COLOR`` is unset or empty, and ``TERM``
+    is not ``dumb``.
+    """
+
+    stream: TextIO
+    color: bool = False
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Console:
+        wants_color = (
+            stream.isatty()
+            and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM", "") != "dumb"
+        )
+        return cls(stream, wants_color)
+
+    def _paint(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.color else text
+
+    def bold(self, text: str) -> str:
+        return self._paint("1", text)
+
+    def dim(self, text: str) -> str:
+        return self._paint("2", text)
+
+    def good(self, text: str) -> str:
+        return self._paint("32", text)
+
+    def bad(self, text: str) -> str:
+        return self._paint("31", text)
+
+    def note(self, text: str) -> str:
+        return self._paint("33", text)
+
+    def line(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _shorten(text: str, limit: int = 72) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _compact(value: JSON) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _texts(content: JSON) -> list[str]:
+    """The texts of a message's content blocks, nested tool-result blocks included."""
+    found: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict):
+                text = block.get("text")
+                if isinstance(text, str):
+                    found.append(text)
+                found += _texts(block.get("content"))
+    return found
+
+
+def _message(data: dict[str, JSON]) -> dict[str, JSON]:
+    message = data.get("message")
+    return message if isinstance(message, dict) else {}
+
+
+def describe(event: SessionEvent) -> str:
+    """A one-line human summary of *event*'s data."""
+    data = event.data
+    kind = event.type
+    if kind == "turn/start":
+        return f"turn {data.get('turn')}"
+    if kind in ("step/start", "step/end"):
+        return f"turn {data.get('turn')}, step {data.get('step')}"
+    if kind == "turn/end":
+        reason = data.get("reason")
+        what = reason.get("kind") if isinstance(reason, dict) else reason
+        text = f"turn {data.get('turn')}: {what}"
+        error = reason.get("error") if isinstance(reason, dict) else None
+        if isinstance(error, dict):
+            text += f" ({error.get('message')})"
+        return text
+    if kind == "user/message":
+        return _shorten(repr(" ".join(_texts(data.get("content")))))
+    if kind == "request/header":
+        header = data.get("header")
+        config = header.get("config") if isinstance(header, dict) else None
+        route = (
+            f"{config.get('provider')}/{config.get('model')}" if isinstance(config, dict) else "?"
+        )
+        return f"{route} ({data.get('reason')})"
+    if kind == "request/context":
+        return f"{data.get('provider')}/{data.get('model')}"
+    if kind == "assistant/chunk":
+        chunk = data.get("chunk")
+        if isinstance(chunk, dict):
+            if chunk.get("type") == "tool-call":
+                return _shorten(f"tool-call {chunk.get('name')}({chunk.get('arguments')})")
+            if chunk.get("type") == "text-delta":
+                return _shorten(f"text {chunk.get('text')!r}")
+            if chunk.get("type") == "finish":
+                return f"finish ({chunk.get('reason')})"
+        return _shorten(_compact(chunk))
+    if kind == "assistant/message":
+        content = _message(data).get("content")
+        parts: list[str] = []
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool-call":
+                parts.append(f"asks for {block.get('name')} [{block.get('id')}]")
+            elif isinstance(block, dict) and block.get("type") == "text":
+                parts.append(repr(block.get("text")))
+        return _shorten("; ".join(parts) or "(empty)")
+    if kind == "tool/call":
+        return _shorten(f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]")
+    if kind == "tool/result":
+        message = _message(data)
+        source = message.get("source")
+        call_id = source.get("callId") if isinstance(source, dict) else "?"
+        error = data.get("error")
+        status = "ok"
+        if isinstance(error, dict):
+            status = f"error {error.get('code')}"
+        else:
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else []
+            if any(isinstance(block, dict) and block.get("isError") for block in blocks):
+                status = "error"
+        return _shorten(f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}")
+    return _shorten(_compact(data))
+
+
+def event_line(console: Console, event: SessionEvent, mark: str = " ") -> str:
+    """One event as a line: *mark*, seq, type and :func:`describe`."""
+    return f"{mark}{event.seq:>4}  {console.bold(f'{event.type:<17}')} {describe(event)}"
+
+
+def _format_time(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _print_json_lines(stream: TextIO, records: Iterable[JSON]) -> None:
+    for record in records:
+        stream.write(json.dumps(record, separators=(",", ":")) + "\n")
+    stream.flush()
+
+
+# -------------------------------------------------------------------------------------------
+# Reading logs
+# -------------------------------------------------------------------------------------------
+
+
+def _existing_root(root: str) -> Path:
+    path = Path(root)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise UsageError(f"session root {root} {what}")
+    return path
+
+
+async def _list(args: argparse.Namespace) -> int:
+    from .persistence import JsonlSessionPersistence
+
+    backend = JsonlSessionPersistence(_existing_root(args.root))
+    headers = await backend.list_sessions()
+    console = Console.for_stream(sys.stdout)
+    if not headers:
+        console.line(console.dim(f"no sessions under {args.root}"))
+    for header in sorted(headers, key=lambda header: (header.created_at, header.id)):
+        console.line(f"{header.id}\t{_format_time(header.created_at)}")
+    return EXIT_OK
+
+
+def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: bool) -> None:
+    """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
+    stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
+    if as_json:
+        _print_json_lines(stream, (event.to_json() for event in log.events))
+        if not added_on_disk:
+            _print_json_lines(stream, ({"repair": event.to_json()} for event in log.repair))
+        return
+    console = Console.for_stream(stream)
+    header = log.header
+    console.line(
+        console.bold(f"session {header.id}")
+        + console.dim(
+            f"  created {_format_time(header.created_at)}, format version {header.version}, "
+            f"{log.path}"
+        )
+    )
+    for event in stored:
+        console.line(event_line(console, event))
+    if log.torn_bytes:
+        verb = "were cut off" if added_on_disk else "would be cut off"
+        console.line(console.note(f"a torn tail of {log.torn_bytes} bytes {verb} (a copy is kept)"))
+    if not log.repair:
+        if not added_on_disk:
+            console.line(console.dim("the last turn is closed: recovery would add nothing"))
+        return
+    if added_on_disk:
+        console.line(console.note("added by this recovery, now on disk:"))
+    else:
+        console.line(console.note("recovery would add (not on disk; run 'recover' to write it):"))
+    for event in log.repair:
+        console.line(console.note(event_line(console, event, mark="+")))
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    from .persistence import JsonlSessionPersistence
+
+    backend = JsonlSessionPersistence(_existing_root(args.root))
+    log = await backend.inspect(args.session)
+    _print_log(log, added_on_disk=False, stream=sys.stdout, as_json=args.json)
+    return EXIT_OK
+
+
+async def _recover(args: argparse.Namespace) -> int:
+    from .persistence import JsonlSessionPersistence
+
+    backend = JsonlSessionPersistence(_existing_root(args.root))
+    log = await backend.load(args.session)
+    _print_log(log, added_on_disk=True, stream=sys.stdout, as_json=args.json)
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------------------
+# The demo agent
+# -------------------------------------------------------------------------------------------
+
+
+async def _agent(args: argparse.Namespace) -> int:
+    from .demo import run_agent
+    from .persistence import JsonlSessionPersistence, SessionNotFoundError
+
+    if (args.hang_at is None) != (args.marker is None):
+        raise UsageError("--hang-at and --marker go together")
+    root = Path(args.root)
+    try:
+        await JsonlSessionPersistence(root).inspect(args.session)
+    except SessionNotFoundError:
+        pass
+    else:
+        raise UsageError(f"session {args.session} already exists under {args.root}")
+    outcome = await run_agent(
+        root,
+        args.session,
+        use_policy=not args.no_policy,
+        hang_at=args.hang_at,
+        marker=None if args.marker is None else Path(args.marker),
+        ledger=None if args.ledger is None else Path(args.ledger),
+    )
+    print(f"session {args.session}, turn {outcome.turn}: {_compact(outcome.reason)}")
+    if outcome.text:
+        print(f"assistant: {outcome.text}")
+    return EXIT_OK if outcome.error is None else 1
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    await run_demo(None if args.root is None else Path(args.root), Console.for_stream(sys.stdout))
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------------------
+# Command line
+# -------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on standard error, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description=(
+            "Run the checkpoint policy's demo agent, and look into session logs written by "
+            "the JSONL backend."
+        ),
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="the whole story: a normal turn, a crash with the policy, a crash without it",
+        description=(
+            "Run one turn with every checkpoint shown, then the same turn killed with SIGKILL "
+            "inside a side-effecting tool and recovered, then the same crash without the "
+            "policy."
+        ),
+    )
+    demo.add_argument(
+        "--root", metavar="DIR", help="keep the sessions in DIR (default: a temporary directory)"
+    )
+    demo.set_defaults(run=_demo)
+
+    agent = commands.add_parser(
+        "agent",
+        help="one scripted turn of the demo agent, optionally hanging at a marked point",
+        description=(
+            "Run one turn of the demo agent: the scripted model asks for one send_payment call "
+            "and then answers. With --hang-at the process writes a marker file at that point "
+            "and waits forever, to be killed from outside."
+        ),
+    )
+    agent.add_argument("--root", required=True, metavar="DIR", help="the session root")
+    agent.add_argument("--session", required=True, metavar="ID", help="a new session id")
+    agent.add_argument(
+        "--no-policy", action="store_true", help="load the backend without the checkpoint policy"
+    )
+    agent.add_argument(
+        "--hang-at",
+        choices=("request", "tool"),
+        help=(
+            "request: inside the model adapter, writing 'request-dispatched'; tool: inside "
+            "send_payment after the payment, writing 'tool-side-effect'"
+        ),
+    )
+    agent.add_argument("--marker", metavar="FILE", help="the marker file written by --hang-at")
+    agent.add_argument(
+        "--ledger",
+        metavar="FILE",
+        help="append each payment to FILE as a JSON line (default: print it)",
+    )
+    agent.set_defaults(run=_agent)
+
+    listing = commands.add_parser("list", help="the sessions under ROOT")
+    listing.add_argument("root", metavar="ROOT")
+    listing.set_defaults(run=_list)
+
+    for name, run, summary in (
+        (
+            "inspect",
+            _inspect,
+            "read-only: the stored log, and the repair recovery would add, marked as such",
+        ),
+        ("recover", _recover, "recover the session (writing the repair) and print its log"),
+    ):
+        command = commands.add_parser(name, help=summary, description=summary)
+        command.add_argument("root", metavar="ROOT")
+        command.add_argument("session", metavar="SESSION")
+        command.add_argument(
+            "--json",
+            action="store_true",
+            help="one event per line: {type, seq, time, data}",
+        )
+        command.set_defaults(run=run)
+    return parser
+
+
+def _problem(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``kai-checkpoint`` with *argv* (default: the process arguments); return the status."""
+    from .demo import DemoError
+    from .persistence import PersistenceError
+
+    args = _parser().parse_args(argv)
+    try:
+        status: int = anyio.run(args.run, args)
+    except (UsageError, PersistenceError) as exc:
+        print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (DemoError, OSError) as exc:
+        print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return status

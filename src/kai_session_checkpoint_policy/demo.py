@@ -1,0 +1,592 @@
+"""The demo agent, and the story ``kai-checkpoint demo`` tells with it.
+
+The agent is the smallest one in which a crash matters: a scripted model asks for one
+``send_payment`` call, the tool body moves money (it appends a line to a ledger file, or
+announces the payment), and the model then answers with text. Kill the process while the tool
+body runs and the world holds an effect that only a durable ``tool/call`` can account for.
+
+:func:`run_agent` runs one such turn on the reference host with the JSONL backend and, unless
+told otherwise, the checkpoint policy. It can stop dead at one of two places and wait forever,
+after writing a marker file, so that another process can kill it exactly there:
+
+``"request"``
+    inside the model adapter, once the request reached it (marker text ``request-dispatched``);
+``"tool"``
+    inside the tool body, once the payment was made (marker text ``tool-side-effect``).
+
+:func:`run_demo` tells the whole story: a normal turn with every checkpoint shown, the same
+turn killed with SIGKILL inside the tool and recovered, and the same crash without the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+
+import anyio
+
+from . import invariant, policy
+from .cli import Console, event_line
+from .hookspecs import hookimpl
+from .host import Agent, Finish, Host, TextDelta, Tool, ToolCallRequest
+from .persistence import JsonlSessionPersistence, SessionNotFoundError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
+
+    from anyio.abc import ByteReceiveStream, Process
+
+    from .events import JSON, JSONObject, SessionEvent
+    from .hookspecs import HostServices, PreStepThunk, StreamThunk, ToolThunk
+    from .host import (
+        LlmRequest,
+        PreStep,
+        PreStepDecision,
+        Session,
+        StreamChunk,
+        ToolExecution,
+        TurnOutcome,
+    )
+    from .results import ToolResult
+
+__all__ = [
+    "CALL_ID",
+    "MARKERS",
+    "MODEL",
+    "PAYMENT",
+    "PROMPT",
+    "PROVIDER",
+    "TOOL_NAME",
+    "CheckpointReporter",
+    "DemoError",
+    "HangAt",
+    "ScriptedModel",
+    "agent_command",
+    "demo_host",
+    "make_payment_tool",
+    "run_agent",
+    "run_demo",
+    "wait_for_marker",
+    "write_marker",
+]
+
+HangAt: TypeAlias = Literal["request", "tool"]
+
+PROVIDER: Final = "scripted"
+MODEL: Final = "demo-payments-1"
+TOOL_NAME: Final = "send_payment"
+CALL_ID: Final = "call-pay-invoice-1042"
+PROMPT: Final = "Please pay invoice 1042: 120.00 EUR to ACME Corp."
+PAYMENT: Final[JSONObject] = {
+    "invoice": "1042",
+    "to": "ACME Corp",
+    "amount": "120.00",
+    "currency": "EUR",
+}
+MARKERS: Final[dict[HangAt, str]] = {
+    "request": "request-dispatched",
+    "tool": "tool-side-effect",
+}
+"""The exact text written into the marker file at each place the agent can hang."""
+
+
+class DemoError(RuntimeError):
+    """The demo could not go on (a child process misbehaved); the message says how."""
+
+
+# -------------------------------------------------------------------------------------------
+# The agent
+# -------------------------------------------------------------------------------------------
+
+
+def write_marker(path: Path, text: str) -> None:
+    """Put *text* into the marker file *path* with one write, then flush and fsync it.
+
+    The watching process polls the file's *content*, so it never acts on a file that was
+    merely created or opened.
+    """
+    with open(path, "ab") as marker:
+        marker.write(text.encode())
+        marker.flush()
+        os.fsync(marker.fileno())
+
+
+async def _hang(marker: Path | None, place: HangAt) -> None:
+    if marker is not None:
+        write_marker(marker, MARKERS[place])
+    await anyio.sleep_forever()
+
+
+class ScriptedModel:
+    """A model adapter that plays a fixed script instead of calling a provider.
+
+    While the transcript holds no tool result it asks for one ``send_payment`` call; once it
+    does, it answers with one text that reports what the tool said.
+    """
+
+    def __init__(self, *, hang_at_request: bool = False, marker: Path | None = None) -> None:
+        self.hang_at_request = hang_at_request
+        self.marker = marker
+
+    async def __call__(self, request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
+        if self.hang_at_request:
+            await _hang(self.marker, "request")
+        result = _last_tool_result(request.messages)
+        if result is None:
+            yield ToolCallRequest(CALL_ID, TOOL_NAME, json.dumps(PAYMENT))
+            yield Finish("tool-calls")
+            return
+        failed, text = result
+        invoice = PAYMENT["invoice"]
+        if failed:
+            yield TextDelta(f"I could not confirm that invoice {invoice} was paid: {text}")
+        else:
+            yield TextDelta(f"Invoice {invoice} is paid: {text}.")
+        yield Finish("stop")
+
+
+def _last_tool_result(messages: Iterable[JSONObject]) -> tuple[bool, str] | None:
+    """Whether the last tool result of a transcript failed, and its text; ``None`` if none."""
+    found = None
+    for message in messages:
+        source = message.get("source")
+        content = message.get("content")
+        if not (isinstance(source, dict) and source.get("kind") == "tool"):
+            continue
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool-result":
+                texts = block.get("content")
+                text = " ".join(
+                    str(part.get("text"))
+                    for part in (texts if isinstance(texts, list) else [])
+                    if isinstance(part, dict)
+                )
+                found = (bool(block.get("isError")), text)
+    return found
+
+
+def _payment_words(arguments: JSON) -> str:
+    if not isinstance(arguments, dict):
+        return json.dumps(arguments)
+    return (
+        f"{arguments.get('amount')} {arguments.get('currency')} to {arguments.get('to')} "
+        f"for invoice {arguments.get('invoice')}"
+    )
+
+
+def _record_payment(ledger: Path, entry: JSONObject) -> None:
+    with open(ledger, "a", encoding="utf-8") as book:
+        book.write(json.dumps(entry) + "\n")
+        book.flush()
+        os.fsync(book.fileno())
+
+
+def make_payment_tool(
+    *,
+    ledger: Path | None = None,
+    hang_after_effect: bool = False,
+    marker: Path | None = None,
+    announce: Callable[[str], object] = print,
+) -> Tool:
+    """Build the side-effecting ``send_payment`` tool.
+
+    The effect is one JSON line appended (and fsynced) to *ledger*, or, without a ledger, one
+    line given to *announce*. The call id goes with it as the idempotency key that a real
+    payment provider would be handed.
+    """
+
+    async def send_payment(execution: ToolExecution) -> str:
+        words = _payment_words(execution.arguments)
+        if ledger is None:
+            announce(f"{TOOL_NAME} moved {words} (idempotency key {execution.call_id})")
+        else:
+            entry: JSONObject = {
+                "idempotencyKey": execution.call_id,
+                "payment": execution.arguments,
+            }
+            await anyio.to_thread.run_sync(_record_payment, ledger, entry)
+        if hang_after_effect:
+            await _hang(marker, "tool")
+        return f"sent {words}, receipt R-{execution.call_id}"
+
+    return Tool(
+        TOOL_NAME,
+        send_payment,
+        description="Pay an invoice. Each call moves money: it is not safe to repeat.",
+    )
+
+
+@asynccontextmanager
+async def demo_host(
+    root: Path,
+    *,
+    use_policy: bool = True,
+    hang_at: HangAt | None = None,
+    marker: Path | None = None,
+    ledger: Path | None = None,
+    extra_plugins: Iterable[object] = (),
+    announce: Callable[[str], object] = print,
+) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
+    """Open a host for the demo agent; yield it with its JSONL backend.
+
+    The plugins are given explicitly instead of loaded from entry points: the JSONL backend,
+    then (with *use_policy*) the checkpoint policy and its invariant companion, then
+    *extra_plugins*. The scripted model and the ``send_payment`` tool are registered.
+    """
+    backend = JsonlSessionPersistence(root)
+    plugins: list[object] = [backend]
+    if use_policy:
+        plugins += [policy, invariant]
+    plugins += extra_plugins
+    async with Host(plugins, autoload=False) as host:
+        host.llm.register_adapter(
+            PROVIDER, ScriptedModel(hang_at_request=hang_at == "request", marker=marker)
+        )
+        host.tools.register(
+            make_payment_tool(
+                ledger=ledger, hang_after_effect=hang_at == "tool", marker=marker, announce=announce
+            )
+        )
+        yield host, backend
+
+
+async def run_agent(
+    root: Path,
+    session_id: str,
+    *,
+    use_policy: bool = True,
+    hang_at: HangAt | None = None,
+    marker: Path | None = None,
+    ledger: Path | None = None,
+    announce: Callable[[str], object] = print,
+) -> TurnOutcome:
+    """Run one scripted turn for a new session *session_id* stored under *root*.
+
+    After the turn the session is flushed once more: the agent loop does not flush at the end
+    of a turn, so a host that wants the whole turn on disk asks for it.
+    """
+    async with demo_host(
+        root,
+        use_policy=use_policy,
+        hang_at=hang_at,
+        marker=marker,
+        ledger=ledger,
+        announce=announce,
+    ) as (host, _backend):
+        session = host.sessions.create(session_id)
+        agent = Agent(host, session, provider=PROVIDER, model=MODEL)
+        outcome = await agent.run_turn(PROMPT)
+        await host.sessions.flush(session)
+    return outcome
+
+
+# -------------------------------------------------------------------------------------------
+# Watching checkpoints
+# -------------------------------------------------------------------------------------------
+
+
+class CheckpointReporter:
+    """A plugin that prints each appended event and, at each checkpoint, what became durable.
+
+    Its wrappers are ``trylast``, so they sit inside the policy's: when one of its thunks runs,
+    the policy's flush has completed, and the backend's durable count shows what it wrote.
+    """
+
+    name = "kai-demo-checkpoint-reporter"
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._durable: dict[str, int] = {}
+
+    def report(self, host: HostServices, session: Session, where: str) -> None:
+        """Print which events of *session* reached the disk since the last report."""
+        backend = host.session_persistence
+        count = (
+            backend.durable_count(session.id) if isinstance(backend, JsonlSessionPersistence) else 0
+        )
+        start = self._durable.get(session.id, 0)
+        written = session.events[start:count]
+        self._durable[session.id] = max(start, count)
+        if not written:
+            what = "nothing new to write"
+        elif len(written) == 1:
+            what = f"seq {written[0].seq} on disk ({written[0].type})"
+        else:
+            kinds = ", ".join(event.type for event in written)
+            what = f"seqs {written[0].seq}-{written[-1].seq} on disk ({kinds})"
+        console = self.console
+        console.line(f"   {console.good('* checkpoint')} {where}: {what}")
+
+    @hookimpl
+    def session_event(self, event: SessionEvent) -> None:
+        self.console.line(self.console.dim(event_line(self.console, event, mark="   +")))
+
+    @hookimpl(wrapper=True, trylast=True)
+    def agent_pre_step(
+        self, step: PreStep, host: HostServices
+    ) -> Generator[None, PreStepThunk, PreStepThunk]:
+        downstream = yield
+
+        async def reported() -> PreStepDecision:
+            self.report(host, step.agent.session, f"before step {step.step} (agent_pre_step)")
+            return await downstream()
+
+        return reported
+
+    @hookimpl(wrapper=True, trylast=True)
+    def llm_stream(
+        self, request: LlmRequest, host: HostServices
+    ) -> Generator[None, StreamThunk, StreamThunk]:
+        downstream = yield
+        session = None if request.session_id is None else host.sessions.get(request.session_id)
+        if session is None:
+            return downstream
+        live: Session = session
+
+        def reported() -> AsyncGenerator[StreamChunk, None]:
+            self.report(host, live, "before the model receives the request (llm_stream)")
+            return downstream()
+
+        return reported
+
+    @hookimpl(wrapper=True, trylast=True)
+    def tools_execute(
+        self, execution: ToolExecution, host: HostServices
+    ) -> Generator[None, ToolThunk, ToolThunk]:
+        downstream = yield
+        agent = execution.agent
+        if agent is None or execution.parent is not None:
+            return downstream
+
+        async def reported() -> ToolResult:
+            where = f"before the {execution.name} body runs (tools_execute)"
+            self.report(host, agent.session, where)
+            return await downstream()
+
+        return reported
+
+
+# -------------------------------------------------------------------------------------------
+# Child processes
+# -------------------------------------------------------------------------------------------
+
+
+async def wait_for_marker(
+    marker: Path, expected: str, process: Process, *, timeout: float = 20.0
+) -> float:
+    """Poll *marker* until its content is *expected*; return the seconds waited.
+
+    :raises DemoError: if the process exits first, the marker holds something else, or
+        *timeout* seconds pass.
+    """
+    started = time.monotonic()
+    with anyio.move_on_after(timeout):
+        while True:
+            content = await anyio.Path(marker).read_text()
+            if content == expected:
+                return time.monotonic() - started
+            if not expected.startswith(content):
+                raise DemoError(f"marker {marker} holds {content!r}, not {expected!r}")
+            if process.returncode is not None:
+                errors = await _read_all(process.stderr)
+                raise DemoError(
+                    f"the agent exited with status {process.returncode} before writing its "
+                    f"marker: {' '.join(errors.split()) or 'no message'}"
+                )
+            await anyio.sleep(0.01)
+    raise DemoError(f"marker {marker} did not read {expected!r} within {timeout:g} s")
+
+
+async def _read_all(stream: ByteReceiveStream | None) -> str:
+    if stream is None:
+        return ""
+    chunks = []
+    async for chunk in stream:
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def agent_command(
+    root: Path, session_id: str, *, hang_at: HangAt, marker: Path, ledger: Path, use_policy: bool
+) -> list[str]:
+    """The command line that runs :func:`run_agent` in a child process."""
+    command = [sys.executable, "-m", "kai_session_checkpoint_policy", "agent"]
+    command += ["--root", str(root), "--session", session_id]
+    command += ["--hang-at", hang_at, "--marker", str(marker), "--ledger", str(ledger)]
+    return command if use_policy else [*command, "--no-policy"]
+
+
+# -------------------------------------------------------------------------------------------
+# The story
+# -------------------------------------------------------------------------------------------
+
+
+async def run_demo(root: Path | None, console: Console) -> None:
+    """Tell the whole story; keep the sessions under *root*, or in a temporary directory."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kai-checkpoint-demo-") as scratch_name:
+        scratch = Path(scratch_name)
+        sessions = scratch / "sessions" if root is None else root
+        suffix = "" if root is None else f"-{secrets.token_hex(3)}"
+        console.line(console.bold("kai-checkpoint demo") + console.dim(f"  sessions in {sessions}"))
+        console.line(
+            f"The agent: a scripted model asks for {TOOL_NAME} to pay invoice "
+            f"{PAYMENT['invoice']}, the tool moves the money, the model answers."
+        )
+        await _normal_turn(console, sessions, f"pay-invoice{suffix}")
+        await _crash(console, sessions, scratch, f"crash{suffix}", use_policy=True)
+        await _crash(console, sessions, scratch, f"crash-no-policy{suffix}", use_policy=False)
+    console.line()
+    console.line(console.dim(f"demo finished in {time.monotonic() - started:.1f} s"))
+    if root is not None:
+        console.line(f"The sessions stay in {root}: try 'kai-checkpoint list {root}'.")
+
+
+async def _normal_turn(console: Console, root: Path, session_id: str) -> None:
+    console.line()
+    console.line(console.bold("1. A normal turn, with every checkpoint as it happens"))
+    console.line(
+        console.dim(
+            "   + an event appended in memory; * a checkpoint: the policy waits until the events "
+            "so far are on disk"
+        )
+    )
+    reporter = CheckpointReporter(console)
+
+    def announce(text: str) -> None:
+        console.line(console.note(f"   $ {text}"))
+
+    async with demo_host(root, extra_plugins=[reporter], announce=announce) as (host, _backend):
+        session = host.sessions.create(session_id)
+        outcome = await Agent(host, session, provider=PROVIDER, model=MODEL).run_turn(PROMPT)
+        await host.sessions.flush(session)
+        reporter.report(host, session, "the host's own flush after the turn")
+    console.line(f"   The model answered: {outcome.text}")
+
+
+async def _crash(
+    console: Console, root: Path, scratch: Path, session_id: str, *, use_policy: bool
+) -> None:
+    console.line()
+    if use_policy:
+        console.line(console.bold(f"2. The same turn, killed with SIGKILL inside {TOOL_NAME}"))
+    else:
+        console.line(console.bold("3. The same crash without the checkpoint policy"))
+    marker = anyio.Path(scratch / f"{session_id}.marker")
+    ledger = scratch / f"{session_id}.ledger"
+    await marker.write_bytes(b"")
+    command = agent_command(
+        root,
+        session_id,
+        hang_at="tool",
+        marker=Path(marker),
+        ledger=ledger,
+        use_policy=use_policy,
+    )
+    shown = "kai-checkpoint agent --hang-at tool" + ("" if use_policy else " --no-policy")
+    console.line(console.dim(f"   .. starting '{shown}' as a child process"))
+    process = await anyio.open_process(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        waited = await wait_for_marker(Path(marker), MARKERS["tool"], process)
+        console.line(
+            console.dim(
+                f"   .. after {waited:.1f} s the marker reads '{MARKERS['tool']}': the payment is "
+                f"made and {TOOL_NAME} has not returned"
+            )
+        )
+        os.kill(process.pid, signal.SIGKILL)
+        status = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await process.aclose()
+    how = "died by SIGKILL" if status == -signal.SIGKILL else f"exited with status {status}"
+    console.line(console.bad(f"   !! SIGKILL sent to child {process.pid}: it {how}"))
+
+    payments = (await anyio.Path(ledger).read_text()).splitlines()
+    console.line(
+        f"   In the world: the ledger holds {len(payments)} payment(s), idempotency key {CALL_ID}"
+    )
+    backend = JsonlSessionPersistence(root)
+    try:
+        stored = await backend.inspect(session_id)
+    except SessionNotFoundError:
+        stored = None
+    if use_policy:
+        assert stored is not None, "the policy made the tool call durable before the payment"
+        await _show_recovery(console, backend, session_id, stored.events)
+    else:
+        await _show_loss(console, backend, session_id, None if stored is None else stored.events)
+
+
+async def _show_recovery(
+    console: Console,
+    backend: JsonlSessionPersistence,
+    session_id: str,
+    stored: Iterable[SessionEvent],
+) -> None:
+    console.line("   On disk after the crash ('kai-checkpoint inspect'):")
+    for event in stored:
+        console.line(event_line(console, event, mark="    "))
+    recovered = await backend.load(session_id)
+    console.line("   Recovery closes the turn ('kai-checkpoint recover'):")
+    for event in recovered.repair:
+        console.line(console.note(event_line(console, event, mark="   +")))
+    result = next(event for event in recovered.repair if event.type == "tool/result")
+    console.line(
+        f"   The result the model will see for {TOOL_NAME} [{CALL_ID}], "
+        "in place of the one that never came:"
+    )
+    text = json.dumps(result.data["message"], indent=2, ensure_ascii=False)
+    for line in text.splitlines():
+        console.line(console.note(f"     {line}"))
+    console.line(
+        "   The payment happened and the log says so: the model is told the outcome is "
+        "unknown and must check before paying again."
+    )
+
+
+async def _show_loss(
+    console: Console,
+    backend: JsonlSessionPersistence,
+    session_id: str,
+    stored: tuple[SessionEvent, ...] | None,
+) -> None:
+    if not stored:
+        console.line(
+            "   On disk after the crash: nothing. Every event of the turn was still waiting for "
+            "the backend's next background batch when the process died."
+        )
+    else:
+        console.line("   On disk after the crash:")
+        for event in stored:
+            console.line(event_line(console, event, mark="    "))
+        recovered = await backend.load(session_id)
+        if recovered.repair:
+            console.line("   Recovery closes the turn:")
+            for event in recovered.repair:
+                console.line(console.note(event_line(console, event, mark="   +")))
+    if stored and any(event.type == "tool/call" for event in stored):
+        console.line(
+            "   This time a background batch happened to write the tool call before the kill: "
+            "without the policy that is timing, not a guarantee."
+        )
+        return
+    console.line(
+        console.bad(
+            "   The tool call was lost while its side effect happened: the money moved, and no "
+            "log shows the model ever asked. A resumed agent would ask again and pay twice."
+        )
+    )
