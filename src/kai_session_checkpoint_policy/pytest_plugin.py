@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from .hookspecs import FlushThunk
     from .host import Host, LlmRequest, Session, StreamChunk
+    from .persistence import StoredLog
 
 __all__ = ["FlushRecorder", "Gate", "RecordingAdapter"]
 
@@ -119,6 +120,12 @@ class FlushRecorder:
             self.order.append("flush:failed")
             raise self._failure
         self.order.append("flush:end")
+
+    async def load(self, session_id: str) -> StoredLog:
+        raise NotImplementedError("the flush recorder stores no sessions")
+
+    async def inspect(self, session_id: str) -> StoredLog:
+        raise NotImplementedError("the flush recorder stores no sessions")
 
 
 def _recorder_plugin(recorder: FlushRecorder) -> object:
