@@ -1,0 +1,155 @@
+"""The log format: id escaping, the header, and how a log is scanned."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kai_session_checkpoint_policy.persistence import (
+    CorruptLogError,
+    InvalidSessionIdError,
+    UnsupportedFormatError,
+    decode_session_id,
+    encode_session_id,
+)
+from kai_session_checkpoint_policy.persistence.format import SessionHeader, encode_header, scan_log
+
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes
+
+PATH = Path("root/s/session.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("session_id", "escaped"),
+    [
+        ("plain-id_1.2", "plain-id_1.2"),
+        (".", "~2E"),
+        ("..", "~2E~2E"),
+        ("../etc", "..~2Fetc"),
+        ("a/b\\c", "a~2Fb~5Cc"),
+        ("nul\x00", "nul~00"),
+        ("~", "~7E"),
+        ("会话", "~E4~BC~9A~E8~AF~9D"),
+    ],
+)
+def test_ids_become_one_safe_directory_name(session_id: str, escaped: str) -> None:
+    assert encode_session_id(session_id) == escaped
+    assert "/" not in escaped
+    assert escaped not in {".", ".."}
+    assert decode_session_id(escaped) == session_id
+
+
+@given(st.text(min_size=1, max_size=60))
+def test_escaping_is_injective(session_id: str) -> None:
+    escaped = encode_session_id(session_id)
+    assert decode_session_id(escaped) == session_id
+    assert Path(escaped).name == escaped and escaped not in {".", ".."}
+
+
+def test_unusable_ids_are_refused_with_a_reason() -> None:
+    with pytest.raises(InvalidSessionIdError, match="must be a non-empty string, not ''"):
+        encode_session_id("")
+    with pytest.raises(InvalidSessionIdError, match=r"too long: 3000 bytes once escaped, at most 200"):
+        encode_session_id("x" * 3000)
+
+
+def test_header_layout() -> None:
+    assert encode_header(SessionHeader("s/1", 5)) == (
+        b'{"format":"kai-session","version":1,"id":"s/1","createdAt":5}\n'
+    )
+
+
+def test_event_line_layout() -> None:
+    (first,) = events(("turn/start", {"turn": 1}))
+    assert first.encode() == '{"type":"turn/start","seq":0,"time":1700000000000,"data":{"turn":1}}'
+
+
+def test_scan_reads_every_committed_event() -> None:
+    logged = events(*COMPLETE_TURN)
+    scan = scan_log(log_bytes("s", logged), PATH)
+    assert scan.header == SessionHeader("s", 1_700_000_000_000)
+    assert scan.events == tuple(logged)
+    assert scan.torn == b""
+
+
+def test_a_final_line_without_newline_is_a_torn_tail() -> None:
+    data = log_bytes("s", events(*COMPLETE_TURN))
+    scan = scan_log(data + b'{"type":"assistant/ch', PATH)
+    assert len(scan.events) == 6
+    assert scan.committed_bytes == len(data)
+    assert scan.torn == b'{"type":"assistant/ch'
+
+
+def test_a_damaged_line_after_the_last_turn_end_starts_the_tail() -> None:
+    data = log_bytes("s", events(*COMPLETE_TURN, ("turn/start", {"turn": 2})))
+    tail = b"\x00\x00garbage\n" + b'{"type":"step/start","seq":7,"time":1,"data":{}}\n'
+    scan = scan_log(data + tail, PATH)
+    assert [e.type for e in scan.events][-1] == "turn/start"
+    assert scan.torn == tail
+
+
+def test_a_damaged_line_before_a_turn_end_is_corruption() -> None:
+    logged = events(*COMPLETE_TURN)
+    good = log_bytes("s", logged[:3]).splitlines(keepends=True)
+    rest = "".join(f"{e.encode()}\n" for e in logged[4:]).encode()
+    data = b"".join(good) + b"{not json\n" + rest
+    with pytest.raises(CorruptLogError) as caught:
+        scan_log(data, PATH)
+    assert caught.value.line == 5
+    assert caught.value.path == PATH
+    assert str(caught.value).startswith(f"corrupt session log {PATH}, line 5: not valid JSON")
+
+
+def test_a_seq_gap_before_a_turn_end_is_corruption() -> None:
+    logged = events(*COMPLETE_TURN)
+    del logged[2]
+    data = encode_header(SessionHeader("s", 0)) + "".join(
+        f"{e.encode()}\n" for e in logged
+    ).encode()
+    with pytest.raises(CorruptLogError, match=r"line 4: seq 3 where 2 was expected"):
+        scan_log(data, PATH)
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (b'{"format":"kai-session","version":2,"id":"s","createdAt":0}\n', "newer than version 1"),
+        (b'{"format":"kai-session","version":0,"id":"s","createdAt":0}\n', "reads only version 1"),
+    ],
+)
+def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, message: str) -> None:
+    with pytest.raises(UnsupportedFormatError, match=message) as caught:
+        scan_log(header, PATH)
+    assert str(PATH) in str(caught.value)
+    assert not isinstance(caught.value, CorruptLogError)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"", "the header line is incomplete"),
+        (b'{"format":"kai-session","vers', "the header line is incomplete"),
+        (b'{"format":"other"}\n', "the first line is not a kai-session header"),
+        (b'{"format":"kai-session","version":1,"createdAt":0}\n', "the header has no session id"),
+        (
+            b'{"format":"kai-session","version":1,"id":"s","createdAt":-1}\n',
+            "the header's createdAt is not a non-negative integer",
+        ),
+    ],
+)
+def test_bad_headers_name_line_one(data: bytes, problem: str) -> None:
+    with pytest.raises(CorruptLogError) as caught:
+        scan_log(data, PATH)
+    assert (caught.value.line, caught.value.problem) == (1, problem)
+
+
+def test_nan_in_a_stored_line_is_damage() -> None:
+    data = log_bytes("s", events(*COMPLETE_TURN))
+    bad = b'{"type":"x","seq":6,"time":1,"data":{"v":NaN}}\n'
+    end = json.dumps({"type": "turn/end", "seq": 7, "time": 1, "data": {}}).encode() + b"\n"
+    with pytest.raises(CorruptLogError, match=r"line 8: not valid JSON \(NaN is not JSON\)"):
+        scan_log(data + bad + end, PATH)
