@@ -334,7 +334,7 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on standard error, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,478 @@
+"""``kai-checkpoint``: the demo agent as a real child killed with SIGKILL, and reading logs.
+
+Crash tests run ``python -m kai_session_checkpoint_policy agent --hang-at ...`` as a child
+process, wait until the marker file's *content* says the child reached the point, kill it with
+SIGKILL from outside, and then recover the session through the command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
+from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, TOOL_NAME, HangAt
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="the crash tests need POSIX signals"
+)
+
+COMMAND = [sys.executable, "-m", "kai_session_checkpoint_policy"]
+MARKER_DEADLINE = 30.0
+
+
+def spawn_agent(
+    tmp_path: Path, session_id: str, hang_at: HangAt, *, no_policy: bool = False
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start the demo agent as a child that hangs at *hang_at*; return it and its marker."""
+    marker = tmp_path / f"{session_id}.marker"
+    marker.write_bytes(b"")  # pre-created empty: only its content signals readiness
+    command = [*COMMAND, "agent", "--root", str(tmp_path / "sessions"), "--session", session_id]
+    command += ["--hang-at", hang_at, "--marker", str(marker)]
+    command += ["--ledger", str(tmp_path / "ledger.jsonl")]
+    if no_policy:
+        command.append("--no-policy")
+    with open(tmp_path / f"{session_id}.stderr", "wb") as errors:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors
+        )
+    return child, marker
+
+
+def kill_at_marker(
+    child: subprocess.Popen[bytes], marker: Path, expected: str, tmp_path: Path
+) -> None:
+    """Wait until *marker* holds exactly *expected*, then SIGKILL *child* and reap it."""
+    deadline = time.monotonic() + MARKER_DEADLINE
+    try:
+        while (content := marker.read_text()) != expected:
+            assert expected.startswith(content), f"unexpected marker content {content!r}"
+            if child.poll() is not None:
+                errors = "\n".join(path.read_text() for path in tmp_path.glob("*.stderr"))
+                pytest.fail(f"the agent exited with {child.returncode} first:\n{errors}")
+            assert time.monotonic() < deadline, f"no {expected!r} marker in {MARKER_DEADLINE} s"
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=MARKER_DEADLINE) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    """Run ``kai-checkpoint`` in this process; return the status, stdout and stderr."""
+    status = cli.main([str(arg) for arg in args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Parse one JSON object per line (``Any``: tests index into it freely)."""
+    records = [json.loads(line) for line in text.splitlines()]
+    assert all(isinstance(record, dict) for record in records)
+    return records
+
+
+def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
+    """Every path under *root* with its content hash (files) and mode."""
+    digest: dict[str, tuple[str, int]] = {}
+    for path in sorted(root.rglob("*")):
+        content = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+        digest[str(path.relative_to(root))] = (content, path.stat().st_mode)
+    return digest
+
+
+# -------------------------------------------------------------------------------------------
+# The agent, killed from outside
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.crash
+def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    child, marker = spawn_agent(tmp_path, "killed-in-tool", "tool")
+    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+
+    ledger = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["idempotencyKey"] for line in ledger] == [CALL_ID]
+
+    status, out, err = run_cli(capsys, "recover", tmp_path / "sessions", "killed-in-tool", "--json")
+    assert (status, err) == (0, "")
+    events = json_lines(out)
+    assert [event["seq"] for event in events] == list(range(len(events)))
+    assert all(event.keys() == {"type", "seq", "time", "data"} for event in events)
+    calls = [event for event in events if event["type"] == "tool/call"]
+    assert [call["data"] for call in calls] == [
+        {
+            "turn": 1,
+            "step": 1,
+            "callId": CALL_ID,
+            "name": TOOL_NAME,
+            "arguments": calls[0]["data"]["arguments"],
+        }
+    ]
+    results = [event for event in events if event["type"] == "tool/result"]
+    assert len(results) == 1
+    (result,) = results
+    assert result["data"]["error"] == {
+        "name": "ToolOutcomeUnknownError",
+        "code": TOOL_OUTCOME_UNKNOWN,
+    }
+    message = result["data"]["message"]
+    assert message["source"] == {"kind": "tool", "callId": CALL_ID}
+    (block,) = message["content"]
+    assert block["isError"] is True
+    assert "Do not retry blindly." in block["content"][0]["text"]
+    assert [event["type"] for event in events[-3:]] == ["tool/result", "step/end", "turn/end"]
+    assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
+    assert calls[0]["seq"] < result["seq"]
+
+    # The repair is on disk now: a second recovery adds nothing, and reads the same log.
+    status, again, err = run_cli(
+        capsys, "recover", tmp_path / "sessions", "killed-in-tool", "--json"
+    )
+    assert (status, again, err) == (0, out, "")
+
+
+@pytest.mark.crash
+def test_sigkill_inside_the_model_request_keeps_the_whole_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    child, marker = spawn_agent(tmp_path, "killed-in-request", "request")
+    kill_at_marker(child, marker, MARKERS["request"], tmp_path)
+
+    status, out, err = run_cli(
+        capsys, "recover", tmp_path / "sessions", "killed-in-request", "--json"
+    )
+    assert (status, err) == (0, "")
+    events = json_lines(out)
+    assert [event["type"] for event in events] == [
+        "turn/start",
+        "step/start",
+        "user/message",
+        "request/header",
+        "request/context",
+        "step/end",
+        "turn/end",
+    ]
+    assert [event["seq"] for event in events] == list(range(7))
+    assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
+    assert not (tmp_path / "ledger.jsonl").exists()
+
+
+@pytest.mark.crash
+def test_without_the_policy_the_side_effect_outruns_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    child, marker = spawn_agent(tmp_path, "no-policy", "tool", no_policy=True)
+    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+
+    assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
+    root = tmp_path / "sessions"
+    status, out, err = run_cli(capsys, "recover", root, "no-policy", "--json")
+    # Without checkpoints the turn waits in the backend's batch window, and the kill normally
+    # comes long before a background batch writes it: then there is no log at all. Should the
+    # machine stall the parent past the window, the log holds whatever the batch wrote.
+    if status == cli.EXIT_BAD_INPUT:
+        assert err == f"kai-checkpoint: session root {root} does not exist\n"
+    else:
+        assert (status, err) == (0, "")
+        events = json_lines(out)
+        assert [event["seq"] for event in events] == list(range(len(events)))
+        assert events[-1]["type"] == "turn/end"
+
+
+def test_agent_runs_a_whole_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "sessions"
+    status, out, err = run_cli(capsys, "agent", "--root", root, "--session", "whole")
+    assert (status, err) == (0, "")
+    assert 'turn 1: {"kind":"completed"}' in out
+    assert f"{TOOL_NAME} moved 120.00 EUR to ACME Corp" in out
+
+    status, out, err = run_cli(capsys, "inspect", root, "whole", "--json")
+    assert (status, err) == (0, "")
+    events = json_lines(out)
+    assert events[-1]["type"] == "turn/end"
+    assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "completed"}}
+    results = [event for event in events if event["type"] == "tool/result"]
+    assert len(results) == 1
+    assert "error" not in results[0]["data"]
+
+    status, out, err = run_cli(capsys, "agent", "--root", root, "--session", "whole")
+    assert (status, out) == (cli.EXIT_BAD_INPUT, "")
+    assert err == f"kai-checkpoint: session whole already exists under {root}\n"
+
+
+# -------------------------------------------------------------------------------------------
+# Reading logs
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crashed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root with one complete session and one killed inside the tool, with a torn tail."""
+    tmp_path = tmp_path_factory.mktemp("crashed")
+    root = tmp_path / "sessions"
+    assert cli.main(["agent", "--root", str(root), "--session", "complete"]) == 0
+    child, marker = spawn_agent(tmp_path, "crashed", "tool")
+    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+    with open(root / "crashed" / "session.jsonl", "ab") as log:
+        log.write(b'{"type":"tool/result","seq":9,"ti')
+    for lock in root.glob("*/session.lock"):
+        lock.unlink()  # so that a reader creating a lock file would show in the digest
+    return root
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("list", "{root}"),
+        ("inspect", "{root}", "crashed"),
+        ("inspect", "{root}", "crashed", "--json"),
+        ("inspect", "{root}", "complete"),
+        ("inspect", "{root}", "missing"),
+    ],
+)
+def test_list_and_inspect_change_nothing_on_disk(
+    crashed_root: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    before = tree_digest(crashed_root)
+    cli.main([arg.format(root=crashed_root) for arg in args])
+    capsys.readouterr()
+    assert tree_digest(crashed_root) == before
+
+
+@pytest.mark.crash
+def test_list_names_every_session(crashed_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "list", crashed_root)
+    assert (status, err) == (0, "")
+    assert [line.split("\t")[0] for line in out.splitlines()] == ["complete", "crashed"]
+
+
+@pytest.mark.crash
+def test_inspect_marks_the_repair_it_would_add(
+    crashed_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_cli(capsys, "inspect", crashed_root, "crashed")
+    assert (status, err) == (0, "")
+    assert "a torn tail of 33 bytes would be cut off" in out
+    stored, marked, repair = out.partition("recovery would add (not on disk")
+    assert marked
+    assert "tool/call" in stored
+    assert "TOOL_OUTCOME_UNKNOWN" not in stored
+    repair_lines = repair.splitlines()[1:]
+    assert [line.split()[:3] for line in repair_lines] == [
+        ["+", "9", "tool/result"],
+        ["+", "10", "step/end"],
+        ["+", "11", "turn/end"],
+    ]
+    assert "TOOL_OUTCOME_UNKNOWN" in repair_lines[0]
+
+    status, out, err = run_cli(capsys, "inspect", crashed_root, "crashed", "--json")
+    assert (status, err) == (0, "")
+    records = json_lines(out)
+    stored_events = [record for record in records if "repair" not in record]
+    pending = [record["repair"] for record in records if "repair" in record]
+    assert [event["seq"] for event in stored_events] == list(range(9))
+    assert [event["type"] for event in pending] == [
+        "tool/result",
+        "step/end",
+        "turn/end",
+    ]
+
+
+def test_recover_prints_what_it_added(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "sessions"
+    assert cli.main(["agent", "--root", str(root), "--session", "open"]) == 0
+    log = root / "open" / "session.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:3]))  # header, turn/start, step/start: an open step
+    capsys.readouterr()
+
+    status, out, err = run_cli(capsys, "recover", root, "open")
+    assert (status, err) == (0, "")
+    stored, marked, added = out.partition("added by this recovery, now on disk:")
+    assert marked
+    assert [line.split()[:2] for line in stored.splitlines()[1:]] == [
+        ["0", "turn/start"],
+        ["1", "step/start"],
+    ]
+    assert [line.split()[:3] for line in added.splitlines()[1:]] == [
+        ["+", "2", "step/end"],
+        ["+", "3", "turn/end"],
+    ]
+    status, out, err = run_cli(capsys, "inspect", root, "open")
+    assert "recovery would add nothing" in out
+
+
+# -------------------------------------------------------------------------------------------
+# Bad input
+# -------------------------------------------------------------------------------------------
+
+
+def _write_log(root: Path, session_id: str, lines: list[str]) -> None:
+    directory = root / session_id
+    directory.mkdir(parents=True)
+    (directory / "session.jsonl").write_text("".join(f"{line}\n" for line in lines))
+
+
+HEADER = '{"format":"kai-session","version":1,"id":"%s","createdAt":1700000000000}'
+TURN = [
+    '{"type":"turn/start","seq":0,"time":1700000000000,"data":{"turn":1}}',
+    '{"type":"turn/end","seq":1,"time":1700000000000,"data":{"turn":1,"reason":{"kind":"completed"}}}',
+]
+
+
+@pytest.fixture
+def bad_root(tmp_path: Path) -> Path:
+    root = tmp_path / "sessions"
+    _write_log(root, "good", [HEADER % "good", *TURN])
+    _write_log(root, "corrupt", [HEADER % "corrupt", "{not json", TURN[1]])
+    newer = HEADER.replace('"version":1', '"version":2')
+    _write_log(root, "newer", [newer % "newer", *TURN])
+    (tmp_path / "a-file").write_text("")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (("list", "{tmp}/nowhere"), "session root {tmp}/nowhere does not exist"),
+        (("list", "{tmp}/a-file"), "session root {tmp}/a-file is not a directory"),
+        (("inspect", "{tmp}/nowhere", "good"), "session root {tmp}/nowhere does not exist"),
+        (("recover", "{tmp}/nowhere", "good"), "session root {tmp}/nowhere does not exist"),
+        (("inspect", "{root}", "absent"), "no session 'absent' under {root}"),
+        (("recover", "{root}", "absent", "--json"), "no session 'absent' under {root}"),
+        (("inspect", "{root}", ""), "a session id must be a non-empty string"),
+        (
+            ("inspect", "{root}", "corrupt"),
+            "corrupt session log {root}/corrupt/session.jsonl, line 2: not valid JSON",
+        ),
+        (
+            ("recover", "{root}", "corrupt", "--json"),
+            "corrupt session log {root}/corrupt/session.jsonl, line 2: not valid JSON",
+        ),
+        (("inspect", "{root}", "newer"), "session format version 2, newer than version 1"),
+        (("recover", "{root}", "newer"), "session format version 2, newer than version 1"),
+        (("frobnicate",), "invalid choice: 'frobnicate'"),
+        (("inspect", "{root}"), "the following arguments are required: SESSION"),
+        (
+            ("agent", "--root", "{root}", "--session", "x", "--hang-at", "tool"),
+            "--hang-at and --marker go together",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(
+    bad_root: Path, args: tuple[str, ...], problem: str
+) -> None:
+    tmp = bad_root.parent
+    completed = subprocess.run(
+        [*COMMAND, *(arg.format(root=bad_root, tmp=tmp) for arg in args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    assert "Traceback" not in completed.stderr
+    lines = completed.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("kai-checkpoint")
+    assert problem.format(root=bad_root, tmp=tmp) in lines[0]
+
+
+def test_help_and_module_entry_point() -> None:
+    completed = subprocess.run(
+        [*COMMAND, "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    for command in ("demo", "agent", "list", "inspect", "recover"):
+        assert command in completed.stdout
+
+
+# -------------------------------------------------------------------------------------------
+# Output
+# -------------------------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("tty", "env", "color"),
+    [
+        (True, {}, True),
+        (True, {"NO_COLOR": "1"}, False),
+        (True, {"NO_COLOR": ""}, True),
+        (True, {"TERM": "dumb"}, False),
+        (False, {}, False),
+    ],
+)
+def test_colour_only_on_a_terminal_that_wants_it(
+    monkeypatch: pytest.MonkeyPatch, tty: bool, env: dict[str, str], color: bool
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    console = cli.Console.for_stream(_Terminal() if tty else io.StringIO())
+    assert console.color is color
+    assert ("\033[" in console.bold("x")) is color
+
+
+@pytest.mark.crash
+def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
+    started = time.monotonic()
+    completed = subprocess.run(
+        [*COMMAND, "demo", "--root", str(tmp_path / "sessions")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert (completed.returncode, completed.stderr) == (0, "")
+    out = completed.stdout
+    assert "\033[" not in out  # not a terminal: no colour
+    part_1, _, rest = out.partition("2. The same turn, killed with SIGKILL inside send_payment")
+    part_2, _, part_3 = rest.partition("3. The same crash without the checkpoint policy")
+    assert "1. A normal turn, with every checkpoint as it happens" in part_1
+    for boundary in ("agent_pre_step", "llm_stream", "tools_execute"):
+        assert f"({boundary}): seq" in part_1
+    assert "The model answered: Invoice 1042 is paid" in part_1
+    for part in (part_2, part_3):
+        assert "died by SIGKILL" in part
+        assert "the ledger holds 1 payment(s)" in part
+    assert "TOOL_OUTCOME_UNKNOWN" in part_2
+    assert '"isError": true' in part_2
+    assert "Do not retry blindly." in part_2
+    assert "TOOL_OUTCOME_UNKNOWN" not in part_3
+    assert "The tool call was lost" in part_3 or "happened to write the tool call" in part_3
+    assert elapsed < 30
+
+    listed = subprocess.run(
+        [*COMMAND, "list", str(tmp_path / "sessions")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
+    assert [name.rsplit("-", 1)[0] for name in names][:2] == ["pay-invoice", "crash"]
