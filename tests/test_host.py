@@ -1,0 +1,279 @@
+"""The reference host: entry-point plugins, registration, lifecycle hooks and cleanups."""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from kai_session_checkpoint_policy import Host, LlmRequest, hookimpl, invariant, policy
+from kai_session_checkpoint_policy.host import (
+    AUTOLOAD_ENV,
+    HostStateError,
+    MissingImplementationError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from kai_session_checkpoint_policy import HostServices
+
+pytestmark = pytest.mark.anyio
+
+POLICY = "session-checkpoint-policy"
+COMPANION = "session-checkpoint-policy-invariant"
+JSONL = "session-persistence-jsonl"
+JSONL_MODULE = "kai_session_checkpoint_policy.persistence.plugin"
+
+
+def jsonl_importable() -> bool:
+    return importlib.util.find_spec(JSONL_MODULE) is not None
+
+
+class Lifecycle:
+    """Records its configure and unconfigure calls, and which host it saw."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self.hosts: list[HostServices] = []
+
+    @hookimpl
+    def host_configure(self, host: HostServices) -> None:
+        self.hosts.append(host)
+        self.log.append(f"{self.name}:configure")
+
+    @hookimpl
+    def host_unconfigure(self, host: HostServices) -> None:
+        self.log.append(f"{self.name}:unconfigure")
+
+
+class ArgumentlessLifecycle:
+    """Lifecycle hooks that take none of the hook's arguments, as pluggy allows."""
+
+    name = "argumentless"
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    @hookimpl
+    def host_configure(self) -> None:
+        self.log.append("argumentless:configure")
+
+    @hookimpl
+    def host_unconfigure(self) -> None:
+        self.log.append("argumentless:unconfigure")
+
+
+class BrokenUnconfigure:
+    name = "broken-unconfigure"
+
+    @hookimpl
+    def host_unconfigure(self) -> None:
+        raise RuntimeError("unconfigure broke")
+
+
+# Entry points
+
+
+def test_the_package_declares_its_entry_points() -> None:
+    declared = {ep.name: ep.value for ep in entry_points(group="kai")}
+
+    assert declared[POLICY] == "kai_session_checkpoint_policy.policy"
+    assert declared[COMPANION] == "kai_session_checkpoint_policy.invariant"
+    assert declared[JSONL] == JSONL_MODULE
+
+
+async def test_autoload_registers_the_policy_and_its_companion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    block = () if jsonl_importable() else (JSONL,)
+
+    async with Host(block=block) as host:
+        assert host.pm.get_plugin(POLICY) is policy
+        assert host.pm.get_plugin(COMPANION) is invariant
+        assert host.invariants is not None
+        assert host.invariants.registered() == ("kai-session-checkpoint-policy",)
+
+
+async def test_autoload_registers_the_jsonl_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not jsonl_importable():
+        pytest.skip(f"the {JSONL} entry point's module {JSONL_MODULE} does not exist yet")
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    plugin = importlib.import_module(JSONL_MODULE)
+
+    async with Host() as host:
+        assert host.pm.get_plugin(JSONL) is plugin
+
+
+def test_the_environment_variable_turns_autoload_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+
+    host = Host()
+
+    assert host.pm.get_plugin(POLICY) is None
+    assert host.pm.get_plugin(COMPANION) is None
+    assert host.pm.get_plugin(JSONL) is None
+
+
+def test_autoload_false_loads_no_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+
+    host = Host(autoload=False)
+
+    assert sorted(name for name, _ in host.pm.list_name_plugin()) == [
+        "kai-host-llm",
+        "kai-host-pre-step",
+        "kai-host-tools",
+    ]
+
+
+def test_a_blocked_entry_point_is_not_loaded_nor_registrable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    block = (POLICY,) if jsonl_importable() else (POLICY, JSONL)
+
+    host = Host(block=block)
+
+    assert host.pm.is_blocked(POLICY)
+    assert host.pm.get_plugin(POLICY) is None
+    assert host.pm.get_plugin(COMPANION) is invariant
+    with pytest.raises(ValueError, match=r"is blocked on this host$"):
+        host.register(policy)
+
+
+# Registration and lifecycle
+
+
+async def test_plugins_are_configured_when_the_host_opens() -> None:
+    log: list[str] = []
+    early = Lifecycle("early", log)
+    host = Host([early], autoload=False)
+    assert log == []
+
+    async with host:
+        assert log == ["early:configure"]
+        assert early.hosts == [host]
+
+    assert log == ["early:configure", "early:unconfigure"]
+
+
+async def test_a_plugin_registered_on_an_open_host_is_configured_at_once() -> None:
+    log: list[str] = []
+    async with Host(autoload=False) as host:
+        late = Lifecycle("late", log)
+        assert host.register(late) == "late"
+        assert log == ["late:configure"]
+        assert late.hosts == [host]
+
+
+async def test_unregister_unconfigures_only_that_plugin() -> None:
+    log: list[str] = []
+    first, second = Lifecycle("first", log), Lifecycle("second", log)
+    async with Host([first, second], autoload=False) as host:
+        log.clear()
+
+        host.unregister(first)
+
+        assert log == ["first:unconfigure"]
+        assert host.pm.get_plugin("first") is None
+        assert host.pm.get_plugin("second") is second
+    assert log == ["first:unconfigure", "second:unconfigure"]
+
+
+async def test_hooks_may_take_none_of_the_arguments() -> None:
+    log: list[str] = []
+    plugin = ArgumentlessLifecycle(log)
+    async with Host([plugin], autoload=False) as host:
+        host.unregister(plugin)
+
+    assert log == ["argumentless:configure", "argumentless:unconfigure"]
+
+
+async def test_unregister_removes_the_plugin_even_if_unconfiguring_fails() -> None:
+    plugin = BrokenUnconfigure()
+    async with Host([plugin], autoload=False) as host:
+        with pytest.raises(RuntimeError, match=r"^unconfigure broke$"):
+            host.unregister(plugin)
+
+        assert host.pm.get_plugin("broken-unconfigure") is None
+
+
+def test_unregister_before_opening_does_not_unconfigure() -> None:
+    log: list[str] = []
+    plugin = Lifecycle("never-opened", log)
+    host = Host([plugin], autoload=False)
+
+    host.unregister(plugin)
+
+    assert log == []
+    assert host.pm.get_plugin("never-opened") is None
+
+
+async def test_closing_runs_cleanups_last_added_first_before_cancelling_background_work() -> None:
+    log: list[str] = []
+
+    async def background() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            log.append("background cancelled")
+
+    def cleanup(name: str, *, fail: bool = False) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            log.append(name)
+            if fail:
+                raise RuntimeError(f"{name} broke")
+
+        return run
+
+    host = await Host([Lifecycle("plugin", log)], autoload=False).__aenter__()
+    host.task_group.start_soon(background)
+    host.add_cleanup(cleanup("first"))
+    host.add_cleanup(cleanup("second", fail=True))
+    host.add_cleanup(cleanup("third"))
+    await anyio.wait_all_tasks_blocked()
+
+    with pytest.raises(RuntimeError, match=r"^second broke$"):
+        await host.__aexit__(None, None, None)
+
+    assert log == [
+        "plugin:configure",
+        "plugin:unconfigure",
+        "third",
+        "second",
+        "first",
+        "background cancelled",
+    ]
+
+
+async def test_a_host_is_used_only_while_open() -> None:
+    host = Host(autoload=False)
+    with pytest.raises(HostStateError, match=r"^the host is not open; use 'async with host:'$"):
+        _ = host.task_group
+    with pytest.raises(HostStateError):
+        host.add_cleanup(anyio.lowlevel.checkpoint)
+
+    async with host:
+        pass
+
+    with pytest.raises(HostStateError, match=r"^cannot register a plugin on a closed host$"):
+        host.register(Lifecycle("too-late", []))
+    with pytest.raises(HostStateError, match=r"^a host can be opened only once$"):
+        async with host:
+            pass
+
+
+async def test_a_boundary_without_an_implementation_is_a_clear_error() -> None:
+    async with Host(autoload=False) as host:
+        host.pm.unregister(name="kai-host-llm")
+
+        with pytest.raises(
+            MissingImplementationError, match=r"^no plugin returned a thunk for llm_stream$"
+        ):
+            host.hooks.llm_stream(LlmRequest("mock", "mock"))
