@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kai_session_checkpoint_policy.events import JSONObject, SessionEvent, encode_data
+from kai_session_checkpoint_policy.events import JSON, JSONObject, SessionEvent, encode_data
 from kai_session_checkpoint_policy.persistence import OsFiles
 from kai_session_checkpoint_policy.persistence.format import (
     LOG_NAME,
@@ -33,24 +33,43 @@ def events(*records: tuple[str, JSONObject]) -> list[SessionEvent]:
 
 
 def assistant(turn: int, step: int, *call_ids: str) -> tuple[str, JSONObject]:
-    content: list[object] = [
+    content: list[JSON] = [
         {"type": "tool-call", "id": call_id, "name": "write", "arguments": "{}"}
         for call_id in call_ids
     ]
-    message = {"id": f"a-{turn}-{step}", "role": "assistant", "content": content,
-               "source": {"kind": "model", "provider": "p", "model": "m"}}
-    return "assistant/message", {"turn": turn, "step": step, "message": message}  # type: ignore[dict-item]
+    message: JSONObject = {
+        "id": f"a-{turn}-{step}",
+        "role": "assistant",
+        "content": content,
+        "source": {"kind": "model", "provider": "p", "model": "m"},
+    }
+    return "assistant/message", {"turn": turn, "step": step, "message": message}
 
 
 def tool_call(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
-    return "tool/call", {"turn": turn, "step": step, "callId": call_id, "name": "write",
-                         "arguments": "{}"}
+    return "tool/call", {
+        "turn": turn,
+        "step": step,
+        "callId": call_id,
+        "name": "write",
+        "arguments": "{}",
+    }
 
 
 def tool_result(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
-    message = {"id": f"r-{call_id}", "role": "user", "source": {"kind": "tool", "callId": call_id},
-               "content": [{"type": "tool-result", "toolCallId": call_id, "isError": False,
-                            "content": [{"type": "text", "text": "ok"}]}]}
+    message: JSONObject = {
+        "id": f"r-{call_id}",
+        "role": "user",
+        "source": {"kind": "tool", "callId": call_id},
+        "content": [
+            {
+                "type": "tool-result",
+                "toolCallId": call_id,
+                "isError": False,
+                "content": [{"type": "text", "text": "ok"}],
+            }
+        ],
+    }
     return "tool/result", {"turn": turn, "step": step, "message": message}
 
 

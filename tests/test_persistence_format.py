@@ -43,17 +43,20 @@ def test_ids_become_one_safe_directory_name(session_id: str, escaped: str) -> No
     assert decode_session_id(escaped) == session_id
 
 
-@given(st.text(min_size=1, max_size=60))
+@given(st.text(min_size=1, max_size=16))  # 16 four-byte characters escape to 192 bytes
 def test_escaping_is_injective(session_id: str) -> None:
     escaped = encode_session_id(session_id)
     assert decode_session_id(escaped) == session_id
-    assert Path(escaped).name == escaped and escaped not in {".", ".."}
+    assert Path(escaped).name == escaped
+    assert escaped not in {".", ".."}
 
 
 def test_unusable_ids_are_refused_with_a_reason() -> None:
     with pytest.raises(InvalidSessionIdError, match="must be a non-empty string, not ''"):
         encode_session_id("")
-    with pytest.raises(InvalidSessionIdError, match=r"too long: 3000 bytes once escaped, at most 200"):
+    with pytest.raises(
+        InvalidSessionIdError, match=r"too long: 3000 bytes once escaped, at most 200"
+    ):
         encode_session_id("x" * 3000)
 
 
@@ -107,9 +110,9 @@ def test_a_damaged_line_before_a_turn_end_is_corruption() -> None:
 def test_a_seq_gap_before_a_turn_end_is_corruption() -> None:
     logged = events(*COMPLETE_TURN)
     del logged[2]
-    data = encode_header(SessionHeader("s", 0)) + "".join(
-        f"{e.encode()}\n" for e in logged
-    ).encode()
+    data = (
+        encode_header(SessionHeader("s", 0)) + "".join(f"{e.encode()}\n" for e in logged).encode()
+    )
     with pytest.raises(CorruptLogError, match=r"line 4: seq 3 where 2 was expected"):
         scan_log(data, PATH)
 

@@ -117,10 +117,9 @@ class Host:
     async def __aenter__(self) -> Host:
         if self._stack is not None or self._closed:
             raise HostStateError("a host can be opened only once")
-        async with AsyncExitStack() as stack:
-            self._task_group = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(self._task_group.cancel_scope.cancel)
-            self._stack = stack.pop_all()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group, self._stack = task_group, AsyncExitStack()
         self.hooks.host_configure()
         return self
 
@@ -130,11 +129,15 @@ class Host:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        stack, self._stack = self._stack, None
-        self._closed = True
-        assert stack is not None
+        stack, task_group = self._stack, self._task_group
+        assert stack is not None and task_group is not None
+        self._stack, self._closed = None, True
         try:
-            self.hooks.host_unconfigure()
+            try:
+                self.hooks.host_unconfigure()
+            finally:
+                await stack.__aexit__(exc_type, exc, traceback)
         finally:
-            await stack.__aexit__(exc_type, exc, traceback)
+            task_group.cancel_scope.cancel()
             self._task_group = None
+            await task_group.__aexit__(exc_type, exc, traceback)

@@ -367,29 +367,34 @@ class JsonlSessionPersistence:
             ) from None
 
     def _verify(self, log: _Log, session_id: str) -> None:
-        """(Re)open an existing log, check that it ends cleanly, and take its size and count.
+        """(Re)open an existing log, check what it holds, and take its size and count.
 
-        After a failed write the log is *suspect*: a torn tail left by that write is cut off,
-        and the file must still hold exactly the events known durable.
+        A log opened for the first time must end cleanly. A *suspect* log (a write to it
+        failed) must still hold the bytes known durable; anything after them was never
+        acknowledged and is cut off.
         """
         if log.fd is not None:
             self.files.close(log.fd)
             log.fd = None
-        scan = scan_log(self._read(log.path), log.path)
+        data = self._read(log.path)
+        if log.suspect:
+            if len(data) < log.size:
+                raise PersistenceError(
+                    f"{log.path} is {len(data)} bytes long, shorter than the {log.size} bytes "
+                    "known durable"
+                )
+            data = data[: log.size]
+        scan = scan_log(data, log.path)
         if scan.header.id != session_id:
             raise PersistenceError(f"{log.path} belongs to session {scan.header.id!r}")
-        if log.suspect and len(scan.events) != log.count:
+        if scan.torn or (log.suspect and len(scan.events) != log.count):
             raise PersistenceError(
-                f"{log.path} holds {len(scan.events)} events where {log.count} were durable"
-            )
-        if scan.torn and not log.suspect:
-            raise PersistenceError(
-                f"{log.path} ends in a torn tail of {len(scan.torn)} bytes; "
+                f"{log.path} ends in {len(scan.torn)} bytes that are not complete events; "
                 "load the session with recovery before writing to it"
             )
         fd = self.files.open_append(log.path)
-        if scan.torn:
-            self.files.truncate(fd, scan.committed_bytes)
+        if log.suspect:
+            self.files.truncate(fd, log.size)
             self.files.fsync(fd)
         log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
 

@@ -1,0 +1,383 @@
+"""The JSONL backend: batching, the flush barrier, failures, and loading with recovery."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import pytest
+
+from kai_session_checkpoint_policy import Host, Session, policy
+from kai_session_checkpoint_policy.persistence import (
+    FORMAT_VERSION,
+    JsonlSessionPersistence,
+    LiveSessionError,
+    PersistenceError,
+    RollbackError,
+    SeqMismatchError,
+    SessionLockedError,
+    SessionNotFoundError,
+)
+from kai_session_checkpoint_policy.persistence.format import LOG_NAME, encode_session_id
+
+from .persistence_helpers import (
+    COMPLETE_TURN,
+    FailingFiles,
+    GatedFiles,
+    event,
+    events,
+    lines,
+    log_bytes,
+    write_log,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def log_path(root: Path, session_id: str) -> Path:
+    return root / encode_session_id(session_id) / LOG_NAME
+
+
+def append_turn_start(session: Session, count: int = 1) -> None:
+    for turn in range(1, count + 1):
+        session.append("turn/start", {"turn": turn})
+
+
+@pytest.fixture
+async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
+    backend = JsonlSessionPersistence(tmp_path / "root")
+    async with Host([backend, policy], autoload=False) as host:
+        yield host, backend
+
+
+async def test_opening_the_host_makes_it_the_persistence_service(
+    opened: tuple[Host, JsonlSessionPersistence],
+) -> None:
+    host, backend = opened
+    assert host.session_persistence is backend
+
+
+async def test_nothing_is_created_before_the_first_write(tmp_path: Path) -> None:
+    backend = JsonlSessionPersistence(tmp_path / "root", batch_window=60)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("lazy")
+        session.append("turn/start", {"turn": 1})
+        assert not (tmp_path / "root").exists()
+        assert await host.sessions.flush(session) is True
+        assert (tmp_path / "root").exists()
+
+
+async def test_flush_writes_header_and_events_as_lines(
+    opened: tuple[Host, JsonlSessionPersistence], tmp_path: Path
+) -> None:
+    host, backend = opened
+    session = host.sessions.create("s/1")
+    first = session.append("turn/start", {"turn": 1})
+    second = session.append("user/message", {"text": "héllo", "n": [1, 2.5, None, True]})
+    await host.sessions.flush(session)
+    path = log_path(tmp_path / "root", "s/1")
+    assert lines(path) == [
+        {"format": "kai-session", "version": FORMAT_VERSION, "id": "s/1", "createdAt": first.time},
+        first.to_json(),
+        second.to_json(),
+    ]
+    assert backend.durable_count("s/1") == 2
+    stored = await JsonlSessionPersistence(tmp_path / "root").inspect("s/1")
+    assert stored.events == (first, second)
+    assert [(e.type, e.seq) for e in stored.repair] == [("turn/end", 2)]
+
+
+async def test_files_are_private(
+    opened: tuple[Host, JsonlSessionPersistence], tmp_path: Path
+) -> None:
+    host, _ = opened
+    session = host.sessions.create("private")
+    append_turn_start(session)
+    await host.sessions.flush(session)
+    path = log_path(tmp_path / "root", "private")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "root").stat().st_mode) == 0o700
+
+
+async def test_a_flush_with_nothing_admitted_takes_no_part(
+    opened: tuple[Host, JsonlSessionPersistence],
+) -> None:
+    host, backend = opened
+    session = host.sessions.create("quiet")
+    assert await host.sessions.flush(session) is False
+    assert backend.statistics().writes == 0
+
+
+async def test_the_window_writes_in_the_background_even_while_events_keep_coming(
+    tmp_path: Path,
+) -> None:
+    files = GatedFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.05, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("window")
+        with anyio.fail_after(10):
+            # A debounce would never fire while events keep arriving; the window does.
+            while backend.durable_count("window") == 0:
+                session.append("assistant/chunk", {"n": session.seq})
+                await anyio.lowlevel.checkpoint()  # a checkpoint, so the timer can run
+        assert backend.statistics().fsyncs == 1
+        assert session.seq > backend.durable_count("window") > 0
+
+
+async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(
+    tmp_path: Path,
+) -> None:
+    files = GatedFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("barrier")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)  # the file exists; later batches are appends
+        before = backend.statistics()
+        session.append("step/start", {"turn": 1, "step": 1})
+        files.gate_next = True
+        finished: list[str] = []
+
+        async def flush(name: str) -> None:
+            await host.sessions.flush(session)
+            finished.append(name)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(flush, "first")
+            await anyio.to_thread.run_sync(files.entered.wait, 10)
+            group.start_soon(flush, "second")
+            session.append("user/message", {"late": True})  # admitted while the write runs
+            await anyio.wait_all_tasks_blocked()
+            assert finished == []
+            files.release.set()
+        assert sorted(finished) == ["first", "second"]
+        assert backend.durable_count("barrier") == 3
+        after = backend.statistics()
+        assert (after.writes - before.writes, after.fsyncs - before.fsyncs) == (2, 2)
+        assert (after.batches - before.batches, after.pending_events) == (2, 0)
+
+
+async def test_a_burst_of_tool_checkpoints_costs_one_write_and_one_fsync(
+    opened: tuple[Host, JsonlSessionPersistence],
+) -> None:
+    host, backend = opened
+    session = host.sessions.create("burst")
+    session.append("turn/start", {"turn": 1})
+    await host.sessions.flush(session)
+    before = backend.statistics()
+    for index in range(32):
+        session.append("tool/call", {"callId": f"c{index}"})
+    async with anyio.create_task_group() as group:
+        for _ in range(32):
+            group.start_soon(host.sessions.flush, session)
+    after = backend.statistics()
+    assert (after.writes - before.writes, after.fsyncs - before.fsyncs) == (1, 1)
+    assert backend.durable_count("burst") == 33
+
+
+async def test_a_gap_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    backend = JsonlSessionPersistence(tmp_path)
+    expected = (
+        r"refusing to write seq 5 at position 0 of a batch; "
+        r"the log on disk holds 1 events, so seq 1 was expected"
+    )
+    with pytest.raises(SeqMismatchError, match=expected):  # noqa: PT012 (raised again at close)
+        async with Host([backend], autoload=False) as host:
+            session = host.sessions.create("gap")
+            session.append("turn/start", {"turn": 1})
+            await host.sessions.flush(session)
+            size = log_path(tmp_path, "gap").stat().st_size
+            backend.session_event(session, event("step/start", 5, {}))
+            with pytest.raises(SeqMismatchError, match=expected):
+                await host.sessions.flush(session)
+            assert log_path(tmp_path, "gap").stat().st_size == size
+    assert log_path(tmp_path, "gap").stat().st_size == size
+
+
+@pytest.mark.parametrize("failing", ["fsync", "write-after-partial"])
+async def test_a_failed_append_is_rolled_back_and_retried_whole(
+    tmp_path: Path, failing: str
+) -> None:
+    files = FailingFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("retry")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        path = log_path(tmp_path, "retry")
+        size = path.stat().st_size
+        session.append("step/start", {"turn": 1, "step": 1})
+        session.append("user/message", {"n": 1})
+        files.fail[failing] = 1
+        with pytest.raises(OSError, match=f"injected {failing} failure"):
+            await host.sessions.flush(session)
+        assert path.stat().st_size == size
+        assert backend.durable_count("retry") == 1
+        assert backend.statistics().pending_events == 2
+        await host.sessions.flush(session)
+    assert [line.get("seq") for line in lines(path)] == [None, 0, 1, 2]
+
+
+async def test_a_failed_rollback_reports_both_errors(tmp_path: Path) -> None:
+    files = FailingFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("stuck")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        session.append("step/start", {"turn": 1, "step": 1})
+        files.fail.update({"fsync": 1, "truncate": 1})
+        with pytest.raises(RollbackError) as caught:
+            await host.sessions.flush(session)
+        assert str(caught.value.error) == "[Errno 5] injected fsync failure"
+        assert str(caught.value.rollback_error) == "[Errno 5] injected truncate failure"
+        assert str(log_path(tmp_path, "stuck")) in str(caught.value)
+        # The next flush re-reads the file, cuts the unsynced bytes and writes the batch again.
+        await host.sessions.flush(session)
+    assert [line.get("seq") for line in lines(log_path(tmp_path, "stuck"))] == [None, 0, 1]
+
+
+async def test_closing_the_host_drains_every_session(tmp_path: Path) -> None:
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60)
+    async with Host([backend], autoload=False) as host:
+        for name in ("a", "b"):
+            append_turn_start(host.sessions.create(name), 3)
+    assert [len(lines(log_path(tmp_path, name))) for name in ("a", "b")] == [4, 4]
+
+
+async def test_a_second_writer_of_a_session_is_refused_before_writing(tmp_path: Path) -> None:
+    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as first:
+        session = first.sessions.create("shared")
+        session.append("turn/start", {"turn": 1})
+        await first.sessions.flush(session)
+        size = log_path(tmp_path, "shared").stat().st_size
+        locked = "'shared' is being written by another process"
+        with pytest.raises(SessionLockedError, match=locked):  # noqa: PT012 (raised again at close)
+            async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as second:
+                rival = second.sessions.create("shared", seed=session.events)
+                rival.append("step/start", {"turn": 1, "step": 1})
+                with pytest.raises(SessionLockedError, match=locked):
+                    await second.sessions.flush(rival)
+        assert log_path(tmp_path, "shared").stat().st_size == size
+
+
+async def test_a_new_session_cannot_overwrite_a_stored_one(tmp_path: Path) -> None:
+    path = write_log(tmp_path, "taken", log_bytes("taken", events(*COMPLETE_TURN)))
+    before = path.read_bytes()
+    with pytest.raises(SeqMismatchError, match="holds 6 events, so seq 6 was expected"):  # noqa: PT012
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            session = host.sessions.create("taken")
+            session.append("turn/start", {"turn": 1})
+            with pytest.raises(SeqMismatchError, match="holds 6 events, so seq 6 was expected"):
+                await host.sessions.flush(session)
+    assert path.read_bytes() == before
+
+
+def crashed_log(tmp_path: Path) -> Path:
+    """A complete turn, then turn 2 opened and a torn chunk: what a crash mid-stream leaves."""
+    logged = events(
+        *COMPLETE_TURN, ("turn/start", {"turn": 2}), ("step/start", {"turn": 2, "step": 1})
+    )
+    return write_log(tmp_path, "crashed", log_bytes("crashed", logged) + b'{"type":"assistant/ch')
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+async def test_inspect_shows_the_repair_and_changes_nothing(tmp_path: Path) -> None:
+    crashed_log(tmp_path)
+    before = digest(tmp_path)
+    stored = await JsonlSessionPersistence(tmp_path).inspect("crashed")
+    assert [e.seq for e in stored.events] == list(range(8))
+    assert [(e.type, e.seq) for e in stored.repair] == [("step/end", 8), ("turn/end", 9)]
+    assert stored.torn_bytes == len(b'{"type":"assistant/ch')
+    assert digest(tmp_path) == before
+
+
+async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
+    tmp_path: Path,
+) -> None:
+    path = crashed_log(tmp_path)
+    committed = len(path.read_bytes()) - len(b'{"type":"assistant/ch')
+    backend = JsonlSessionPersistence(tmp_path)
+    loaded = await backend.load("crashed")
+    assert [e.seq for e in loaded.events] == list(range(10))
+    assert [(e.type, e.data) for e in loaded.repair] == [
+        ("step/end", {"turn": 2, "step": 1}),
+        ("turn/end", {"turn": 2, "reason": {"kind": "interrupted"}}),
+    ]
+    assert path.with_name(f"{LOG_NAME}.torn-{committed}").read_bytes() == b'{"type":"assistant/ch'
+    assert [line.get("seq") for line in lines(path)] == [None, *range(10)]
+    again = await backend.load("crashed")
+    assert (again.events, again.repair, again.torn_bytes) == (loaded.events, (), 0)
+    async with Host([backend], autoload=False) as host:
+        resumed = host.sessions.create("crashed", seed=loaded.events)
+        assert resumed.append("turn/start", {"turn": 3}).seq == 10
+    assert [line.get("seq") for line in lines(path)] == [None, *range(11)]
+
+
+async def test_loading_a_live_open_turn_is_refused(
+    opened: tuple[Host, JsonlSessionPersistence],
+) -> None:
+    host, backend = opened
+    session = host.sessions.create("open")
+    session.append("turn/start", {"turn": 1})
+    with pytest.raises(LiveSessionError, match="cannot load session 'open' while its live turn"):
+        await backend.load("open")
+    session.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+    loaded = await backend.load("open")
+    assert loaded.events == tuple(session.events)
+    assert backend.durable_count("open") == 2
+
+
+async def test_a_missing_session_is_named(tmp_path: Path) -> None:
+    backend = JsonlSessionPersistence(tmp_path)
+    with pytest.raises(SessionNotFoundError, match="no session 'ghost' under"):
+        await backend.inspect("ghost")
+    with pytest.raises(SessionNotFoundError, match="no session 'ghost' under"):
+        await backend.load("ghost")
+
+
+async def test_a_symlinked_log_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(log_bytes("link", events(*COMPLETE_TURN)))
+    directory = tmp_path / "root" / "link"
+    directory.mkdir(parents=True)
+    os.symlink(outside, directory / LOG_NAME)
+    with pytest.raises(PersistenceError, match="is a symbolic link; refusing to follow it"):
+        await JsonlSessionPersistence(tmp_path / "root").inspect("link")
+
+
+async def test_list_sessions_reads_only_headers(tmp_path: Path) -> None:
+    write_log(tmp_path, "b", log_bytes("b", events(*COMPLETE_TURN)))
+    write_log(tmp_path, "a/x", log_bytes("a/x", events(*COMPLETE_TURN)))
+    (tmp_path / "not-a-session").mkdir()
+    headers = await JsonlSessionPersistence(tmp_path).list_sessions()
+    assert [header.id for header in headers] == ["a/x", "b"]
+    assert await JsonlSessionPersistence(tmp_path / "absent").list_sessions() == []
+
+
+async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: Path) -> None:
+    async with Host(options={"jsonl.root": str(tmp_path), "jsonl.batch_window": 0.5}) as host:
+        backend = host.session_persistence
+        assert isinstance(backend, JsonlSessionPersistence)
+        assert (backend.root, backend.batch_window) == (tmp_path, 0.5)
+        assert host.pm.get_plugin("session-checkpoint-policy") is policy
+
+
+@pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
+def test_the_batch_window_must_be_positive(window: float) -> None:
+    with pytest.raises(ValueError, match="batch_window must be a positive number of seconds"):
+        JsonlSessionPersistence("root", batch_window=window)

@@ -1,0 +1,155 @@
+"""Crash repair: which events close a turn that a crash left open."""
+
+from __future__ import annotations
+
+from kai_session_checkpoint_policy.events import JSONObject, SessionEvent
+from kai_session_checkpoint_policy.persistence import (
+    NOT_STARTED_TEXT,
+    OUTCOME_UNKNOWN_TEXT,
+    interrupted_turn_closers,
+)
+
+from .persistence_helpers import COMPLETE_TURN, assistant, events, tool_call, tool_result
+
+UNKNOWN = {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"}
+OPEN_TURN_2: list[tuple[str, JSONObject]] = [
+    ("turn/start", {"turn": 1}),
+    ("turn/end", {"turn": 1, "reason": {"kind": "completed"}}),
+    ("turn/start", {"turn": 2}),
+    ("step/start", {"turn": 2, "step": 1}),
+]
+
+
+def summary(closers: tuple[SessionEvent, ...]) -> list[tuple[str, int, JSONObject]]:
+    return [(closer.type, closer.seq, closer.data) for closer in closers]
+
+
+def test_a_balanced_or_empty_log_needs_nothing() -> None:
+    assert interrupted_turn_closers(events(*COMPLETE_TURN)) == ()
+    assert interrupted_turn_closers([]) == ()
+
+
+def test_an_open_turn_without_a_step_gets_turn_end() -> None:
+    closers = interrupted_turn_closers(events(("turn/start", {"turn": 1})))
+    assert summary(closers) == [
+        ("turn/end", 1, {"turn": 1, "reason": {"kind": "interrupted"}}),
+    ]
+
+
+def test_an_open_step_gets_step_end_then_turn_end() -> None:
+    logged = events(("turn/start", {"turn": 1}), ("step/start", {"turn": 1, "step": 1}))
+    assert summary(interrupted_turn_closers(logged)) == [
+        ("step/end", 2, {"turn": 1, "step": 1}),
+        ("turn/end", 3, {"turn": 1, "reason": {"kind": "interrupted"}}),
+    ]
+
+
+def test_closers_reuse_the_last_event_time() -> None:
+    logged = events(("turn/start", {"turn": 1}), ("step/start", {"turn": 1, "step": 1}))
+    assert {closer.time for closer in interrupted_turn_closers(logged)} == {logged[-1].time}
+
+
+def test_a_call_without_tool_call_was_not_started() -> None:
+    logged = events(OPEN_TURN_2[0], OPEN_TURN_2[2], OPEN_TURN_2[3], assistant(2, 1, "c1"))
+    closers = interrupted_turn_closers(logged)
+    assert [(c.type, c.seq) for c in closers] == [
+        ("tool/result", 4),
+        ("step/end", 5),
+        ("turn/end", 6),
+    ]
+    assert closers[0].data == {
+        "turn": 2,
+        "step": 1,
+        "message": {
+            "id": "tool-result-c1",
+            "role": "user",
+            "source": {"kind": "tool", "callId": "c1"},
+            "content": [
+                {
+                    "type": "tool-result",
+                    "toolCallId": "c1",
+                    "isError": True,
+                    "content": [{"type": "text", "text": f"Error: {NOT_STARTED_TEXT}"}],
+                }
+            ],
+        },
+        "error": {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"},
+    }
+
+
+def test_a_recorded_call_without_result_has_an_unknown_outcome() -> None:
+    logged = events(*OPEN_TURN_2, assistant(2, 1, "c1"), tool_call(2, 1, "c1"))
+    result, step_end, turn_end = interrupted_turn_closers(logged)
+    assert (result.type, result.seq, step_end.type, turn_end.type) == (
+        "tool/result",
+        6,
+        "step/end",
+        "turn/end",
+    )
+    assert result.data["error"] == {
+        "name": "ToolOutcomeUnknownError",
+        "code": "TOOL_OUTCOME_UNKNOWN",
+    }
+    text = result.data["message"]["content"][0]["content"][0]["text"]  # type: ignore[index,call-overload]
+    assert text == f"Error: {OUTCOME_UNKNOWN_TEXT}"
+    for fragment in (
+        "Retry only if the operation is read-only or idempotent.",
+        "first verify the external state or ask the user",
+        "Do not retry blindly.",
+    ):
+        assert fragment in OUTCOME_UNKNOWN_TEXT
+
+
+def test_an_answered_call_needs_only_the_closers() -> None:
+    logged = events(
+        *OPEN_TURN_2, assistant(2, 1, "c1"), tool_call(2, 1, "c1"), tool_result(2, 1, "c1")
+    )
+    assert [c.type for c in interrupted_turn_closers(logged)] == ["step/end", "turn/end"]
+
+
+def test_a_closed_step_needs_only_turn_end() -> None:
+    logged = events(*OPEN_TURN_2, ("step/end", {"turn": 2, "step": 1}))
+    assert summary(interrupted_turn_closers(logged)) == [
+        ("turn/end", 5, {"turn": 2, "reason": {"kind": "interrupted"}}),
+    ]
+
+
+def test_calls_of_an_earlier_completed_turn_are_ignored() -> None:
+    logged = events(
+        ("turn/start", {"turn": 1}),
+        ("step/start", {"turn": 1, "step": 1}),
+        assistant(1, 1, "old"),
+        ("turn/end", {"turn": 1, "reason": {"kind": "error"}}),
+        ("turn/start", {"turn": 2}),
+    )
+    assert [c.type for c in interrupted_turn_closers(logged)] == ["turn/end"]
+
+
+def test_only_the_unanswered_of_two_calls_is_closed() -> None:
+    logged = events(
+        *OPEN_TURN_2,
+        assistant(2, 1, "c1", "c2"),
+        tool_call(2, 1, "c1"),
+        tool_call(2, 1, "c2"),
+        tool_result(2, 1, "c1"),
+    )
+    result, *_ = interrupted_turn_closers(logged)
+    assert result.data["message"]["source"] == {"kind": "tool", "callId": "c2"}  # type: ignore[index,call-overload]
+    assert result.data["error"] == {
+        "name": "ToolOutcomeUnknownError",
+        "code": "TOOL_OUTCOME_UNKNOWN",
+    }
+
+
+def test_pending_calls_are_closed_in_model_order() -> None:
+    logged = events(*OPEN_TURN_2, assistant(2, 1, "b", "a"), tool_call(2, 1, "a"))
+    first, second, *_ = interrupted_turn_closers(logged)
+    assert [first.data["error"], second.data["error"]] == [
+        {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"},
+        UNKNOWN,
+    ]
+
+
+def test_a_tool_call_the_model_never_asked_for_is_ignored() -> None:
+    logged = events(*OPEN_TURN_2, tool_call(2, 1, "stray"))
+    assert [c.type for c in interrupted_turn_closers(logged)] == ["step/end", "turn/end"]
