@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from pathlib import Path
 
 import anyio
@@ -13,7 +13,21 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from kai_session_checkpoint_policy import Host, Session, policy
+from kai_session_checkpoint_policy import (
+    Agent,
+    Finish,
+    Host,
+    LlmRequest,
+    Session,
+    TextDelta,
+    Tool,
+    ToolCallRequest,
+    ToolExecution,
+    hookimpl,
+    policy,
+)
+from kai_session_checkpoint_policy.hookspecs import ToolThunk
+from kai_session_checkpoint_policy.host import StreamChunk
 from kai_session_checkpoint_policy.persistence import (
     FORMAT_VERSION,
     JsonlSessionPersistence,
@@ -381,3 +395,55 @@ async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: 
 def test_the_batch_window_must_be_positive(window: float) -> None:
     with pytest.raises(ValueError, match="batch_window must be a positive number of seconds"):
         JsonlSessionPersistence("root", batch_window=window)
+
+
+async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: Path) -> None:
+    """Eight safe calls checkpoint together: contiguous seqs, no duplicates, one fsync."""
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60)
+    calls = [ToolCallRequest(f"c{index}", "lookup", "{}") for index in range(8)]
+    all_started = anyio.Event()
+    started: list[str] = []
+    fsyncs_at_first_body: list[int] = []
+
+    async def model(request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
+        if len(request.messages) == 1:
+            for call in calls:
+                yield call
+            yield Finish("tool-calls")
+        else:
+            yield TextDelta("done")
+            yield Finish("stop")
+
+    async def lookup(execution: ToolExecution) -> str:
+        if not started:
+            fsyncs_at_first_body.append(backend.statistics().fsyncs)
+        started.append(execution.call_id)
+        if len(started) == len(calls):
+            all_started.set()
+        await all_started.wait()  # every body runs at the same time
+        return execution.call_id
+
+    async with Host([backend, policy], autoload=False) as host:
+        host.llm.register_adapter("scripted", model)
+        host.tools.register(Tool("lookup", lookup, concurrency_safe=True))
+        session = host.sessions.create("parallel")
+        agent = Agent(host, session, provider="scripted", model="m")
+        before_tools: list[int] = []
+
+        class CountBeforeTools:
+            @hookimpl(wrapper=True, tryfirst=True)
+            def tools_execute(self) -> Generator[None, ToolThunk, ToolThunk]:
+                downstream = yield
+                if not before_tools:
+                    before_tools.append(backend.statistics().fsyncs)
+                return downstream
+
+        host.register(CountBeforeTools())
+        outcome = await agent.run_turn("look everything up")
+        assert outcome.reason == {"kind": "completed"}
+    assert sorted(started) == sorted(call.id for call in calls)
+    assert fsyncs_at_first_body[0] - before_tools[0] == 1  # one group commit for eight calls
+    stored = await JsonlSessionPersistence(tmp_path).inspect("parallel")
+    assert [event.seq for event in stored.events] == list(range(len(stored.events)))
+    results = [e.data["message"] for e in stored.events if e.type == "tool/result"]
+    assert [m["source"]["callId"] for m in results] == [c.id for c in calls]  # type: ignore[index,call-overload]

@@ -1,0 +1,122 @@
+"""Hard crashes: a real child process is killed with SIGKILL at a semantic boundary.
+
+The child is ``kai-checkpoint agent --hang-at ...``: one scripted turn of the demo agent with
+the JSONL backend. It writes a marker file at the chosen point and waits forever; the parent
+waits for the marker's *content* (the file is created empty beforehand, so its mere existence
+means nothing), kills the child, and loads the session with recovery in this process.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kai_session_checkpoint_policy.events import SessionEvent
+from kai_session_checkpoint_policy.persistence import (
+    OUTCOME_UNKNOWN_TEXT,
+    JsonlSessionPersistence,
+)
+
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"),
+]
+
+SESSION = "semantic-checkpoint-crash"
+MARKER_TIMEOUT = 30.0
+
+
+def kill_at(tmp_path: Path, hang_at: str, expected: str, *extra: str) -> Path:
+    """Run the agent until its marker reads *expected*, SIGKILL it, and return the root."""
+    root, marker = tmp_path / "root", tmp_path / "marker"
+    marker.write_bytes(b"")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kai_session_checkpoint_policy",
+            "agent",
+            "--root",
+            str(root),
+            "--session",
+            SESSION,
+            "--hang-at",
+            hang_at,
+            "--marker",
+            str(marker),
+            "--ledger",
+            str(tmp_path / "ledger.jsonl"),
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + MARKER_TIMEOUT
+        while (content := marker.read_text()) != expected:
+            assert expected.startswith(content), f"unexpected marker content {content!r}"
+            assert child.poll() is None, child.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the child never reached its marker"
+            time.sleep(0.01)  # polling the marker's content is the handshake
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(MARKER_TIMEOUT) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        assert child.stderr is not None
+        child.stderr.close()
+    return root
+
+
+def recover(root: Path) -> tuple[SessionEvent, ...]:
+    return anyio.run(JsonlSessionPersistence(root).load, SESSION).events
+
+
+def test_a_model_request_in_flight_is_durable_through_its_header(tmp_path: Path) -> None:
+    loaded = recover(kill_at(tmp_path, "request", "request-dispatched"))
+    assert [event.type for event in loaded] == [
+        "turn/start",
+        "step/start",
+        "user/message",
+        "request/header",
+        "request/context",
+        "step/end",
+        "turn/end",
+    ]
+    assert [event.seq for event in loaded] == list(range(7))
+    assert loaded[-1].data == {"turn": 1, "reason": {"kind": "interrupted"}}
+
+
+def test_a_side_effecting_tool_call_is_durable_and_recovers_as_unknown(tmp_path: Path) -> None:
+    root = kill_at(tmp_path, "tool", "tool-side-effect")
+    loaded = recover(root)
+    types = [event.type for event in loaded]
+    assert types[-5:] == ["assistant/message", "tool/call", "tool/result", "step/end", "turn/end"]
+    call, result = loaded[-4], loaded[-3]
+    assert result.data["error"] == {
+        "name": "ToolOutcomeUnknownError",
+        "code": "TOOL_OUTCOME_UNKNOWN",
+    }
+    message = result.data["message"]
+    assert isinstance(message, dict)
+    assert message["source"] == {"kind": "tool", "callId": call.data["callId"]}
+    assert message["content"] == [
+        {
+            "type": "tool-result",
+            "toolCallId": call.data["callId"],
+            "isError": True,
+            "content": [{"type": "text", "text": f"Error: {OUTCOME_UNKNOWN_TEXT}"}],
+        }
+    ]
+    assert "Do not retry blindly." in OUTCOME_UNKNOWN_TEXT
+    assert [event.seq for event in loaded] == list(range(len(loaded)))
+    assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 1  # the payment did happen
+    # Recovery is durable: a second load adds nothing.
+    assert recover(root) == loaded
