@@ -447,3 +447,25 @@ async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: P
     assert [event.seq for event in stored.events] == list(range(len(stored.events)))
     results = [e.data["message"] for e in stored.events if e.type == "tool/result"]
     assert [m["source"]["callId"] for m in results] == [c.id for c in calls]  # type: ignore[index,call-overload]
+
+
+async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:
+    files = GatedFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("shielded")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        session.append("step/start", {"turn": 1, "step": 1})
+        session.append("user/message", {"text": "x" * 10_000})
+        files.gate_next = True
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(host.sessions.flush, session)
+                await anyio.to_thread.run_sync(files.entered.wait, 10)
+                scope.cancel()  # the flush is waiting for its write: cancel it now
+                files.release.set()
+            await anyio.lowlevel.checkpoint()  # the cancellation is still delivered
+        assert scope.cancelled_caught
+        assert backend.durable_count("shielded") == 3
+    assert [line.get("seq") for line in lines(log_path(tmp_path, "shielded"))] == [None, 0, 1, 2]
