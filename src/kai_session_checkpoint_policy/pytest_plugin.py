@@ -81,7 +81,8 @@ class FlushRecorder:
 
     A flush appends the session id to :attr:`flushes` and ``"flush:start"`` to :attr:`order`,
     waits for the gate of :meth:`hold` if there is one, then raises the exception given to
-    :meth:`fail_with` (appending ``"flush:failed"``) or appends ``"flush:end"``.
+    :meth:`fail_with` (appending ``"flush:failed"``) or appends ``"flush:end"``. It stores
+    nothing, so its ``load`` and ``inspect`` raise :exc:`NotImplementedError`.
     """
 
     name: Final = "kai-flush-recorder"
