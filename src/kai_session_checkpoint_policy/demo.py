@@ -38,7 +38,7 @@ from . import invariant, policy
 from .cli import Console, event_line
 from .hookspecs import hookimpl
 from .host import Agent, Finish, Host, TextDelta, Tool, ToolCallRequest
-from .persistence import JsonlSessionPersistence, SessionNotFoundError
+from .persistence import DEFAULT_BATCH_WINDOW, JsonlSessionPersistence, SessionNotFoundError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
@@ -235,14 +235,16 @@ async def demo_host(
     ledger: Path | None = None,
     extra_plugins: Iterable[object] = (),
     announce: Callable[[str], object] = print,
+    batch_window: float = DEFAULT_BATCH_WINDOW,
 ) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
     """Open a host for the demo agent; yield it with its JSONL backend.
 
     The plugins are given explicitly instead of loaded from entry points: the JSONL backend,
     then (with *use_policy*) the checkpoint policy and its invariant companion, then
     *extra_plugins*. The scripted model and the ``send_payment`` tool are registered.
+    *batch_window* is the backend's: how long an event may wait for a background batch.
     """
-    backend = JsonlSessionPersistence(root)
+    backend = JsonlSessionPersistence(root, batch_window=batch_window)
     plugins: list[object] = [backend]
     if use_policy:
         plugins += [policy, invariant]
@@ -308,7 +310,7 @@ class CheckpointReporter:
         self._durable: dict[str, int] = {}
 
     def report(self, host: HostServices, session: Session, where: str) -> None:
-        """Print which events of *session* reached the disk since the last report."""
+        """Print which events of *session* reached the disk since the last report, and *where*."""
         backend = host.session_persistence
         count = (
             backend.durable_count(session.id) if isinstance(backend, JsonlSessionPersistence) else 0
@@ -324,7 +326,7 @@ class CheckpointReporter:
             kinds = ", ".join(event.type for event in written)
             what = f"seqs {written[0].seq}-{written[-1].seq} on disk ({kinds})"
         console = self.console
-        console.line(f"   {console.good('* checkpoint')} {where}: {what}")
+        console.line(f"   {console.good('*')} {where}: {what}")
 
     @hookimpl
     def session_event(self, event: SessionEvent) -> None:
@@ -337,7 +339,9 @@ class CheckpointReporter:
         downstream = yield
 
         async def reported() -> PreStepDecision:
-            self.report(host, step.agent.session, f"before step {step.step} (agent_pre_step)")
+            self.report(
+                host, step.agent.session, f"checkpoint before step {step.step} (agent_pre_step)"
+            )
             return await downstream()
 
         return reported
@@ -353,7 +357,7 @@ class CheckpointReporter:
         live: Session = session
 
         def reported() -> AsyncGenerator[StreamChunk, None]:
-            self.report(host, live, "before the model receives the request (llm_stream)")
+            self.report(host, live, "checkpoint before the model receives the request (llm_stream)")
             return downstream()
 
         return reported
@@ -368,7 +372,7 @@ class CheckpointReporter:
             return downstream
 
         async def reported() -> ToolResult:
-            where = f"before the {execution.name} body runs (tools_execute)"
+            where = f"checkpoint before the {execution.name} body runs (tools_execute)"
             self.report(host, agent.session, where)
             return await downstream()
 
