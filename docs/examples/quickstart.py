@@ -1,0 +1,36 @@
+"""A host with the JSONL backend and the checkpoint policy runs one turn of the demo agent.
+
+Run it with a directory for the session logs, or without one to use a temporary directory::
+
+    python docs/examples/quickstart.py [ROOT]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+
+import anyio
+
+# example: start
+from kai_session_checkpoint_policy import Agent, Host, invariant, policy
+from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+
+
+async def main(root: str) -> None:
+    async with Host([JsonlSessionPersistence(root), policy, invariant], autoload=False) as host:
+        host.llm.register_adapter(PROVIDER, ScriptedModel())
+        host.tools.register(make_payment_tool())
+        session = host.sessions.create("invoice-1042")
+        agent = Agent(host, session, provider=PROVIDER, model="demo")
+        print((await agent.run_turn("Please pay invoice 1042.")).text)
+        await host.sessions.flush(session)  # the loop does not flush at the end of a turn
+
+
+# example: end
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as scratch:
+        anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else scratch)
