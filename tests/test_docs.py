@@ -1,0 +1,223 @@
+"""The documentation: every hook documented, every snippet from a file that runs here."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from kai_session_checkpoint_policy import PROJECT, hookspecs
+from kai_session_checkpoint_policy.cli import main as cli_main
+from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
+from kai_session_checkpoint_policy.persistence import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+EXAMPLES = DOCS / "examples"
+PAGES = sorted(DOCS.glob("*.md"))
+
+INCLUDE = re.compile(r"^```\{(?:literalinclude|include)\} (\S+)$", re.MULTILINE)
+
+
+def hook_signatures() -> dict[str, str]:
+    """Every hookspec of the contract, as ``name(arg, ...)``."""
+    marker = f"{PROJECT}_spec"
+    return {
+        name: f"{name}({', '.join(inspect.signature(function).parameters)})"
+        for name, function in inspect.getmembers(hookspecs, inspect.isfunction)
+        if hasattr(function, marker)
+    }
+
+
+def example(name: str) -> dict[str, Any]:
+    """The globals of an example file, loaded without running its ``__main__`` part."""
+    return runpy.run_path(str(EXAMPLES / name))
+
+
+# -------------------------------------------------------------------------------------------
+# The host contract page
+# -------------------------------------------------------------------------------------------
+
+
+def test_the_contract_has_hooks() -> None:
+    assert set(hook_signatures()) >= {"llm_stream", "tools_execute", "agent_pre_step"}
+
+
+@pytest.mark.parametrize("name", sorted(hook_signatures()))
+def test_every_hook_is_documented_under_its_signature(name: str) -> None:
+    headings = re.findall(r"^#+ `([^`]+)`$", (DOCS / "host-contract.md").read_text(), re.MULTILINE)
+    assert hook_signatures()[name] in headings
+
+
+def test_no_heading_documents_a_hook_that_does_not_exist() -> None:
+    page = (DOCS / "host-contract.md").read_text()
+    documented = {
+        heading.partition("(")[0]
+        for heading in re.findall(r"^#+ `([a-z_]+\([^`]*\))`$", page, re.MULTILINE)
+    }
+    assert documented == set(hook_signatures())
+
+
+# -------------------------------------------------------------------------------------------
+# Snippets come from example files
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_no_python_is_written_inline(page: Path) -> None:
+    assert not re.search(r"^```(python|py)\b", page.read_text(), re.MULTILINE), (
+        f"{page.name}: include Python from docs/examples instead"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_include_names_an_existing_file(page: Path) -> None:
+    for target in INCLUDE.findall(page.read_text()):
+        assert (page.parent / target).is_file(), f"{page.name} includes missing {target}"
+
+
+def test_every_example_is_shown_and_run() -> None:
+    included = {
+        (page.parent / target).resolve()
+        for page in PAGES
+        for target in INCLUDE.findall(page.read_text())
+    }
+    examples = {path.resolve() for path in EXAMPLES.iterdir() if path.is_file()}
+    generators = {EXAMPLES / "sample_log.py"}  # shown through the logs it writes
+    assert examples - included - {path.resolve() for path in generators} == set()
+    tested = {"quickstart.py", "entry_points.py", "hooks.py", "recovery.py", "sample_log.py"}
+    tested |= {"timeline.py", "test_host_fixtures.py"}
+    assert {path.name for path in EXAMPLES.glob("*.py")} == tested
+
+
+# -------------------------------------------------------------------------------------------
+# Running the examples
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+
+
+def _inspect_json(root: Path, session_id: str, capsys: pytest.CaptureFixture[str]) -> list[Any]:
+    capsys.readouterr()
+    assert cli_main(["inspect", str(root), session_id, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.usefixtures("no_autoload")
+def test_quickstart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    anyio.run(example("quickstart.py")["main"], str(tmp_path))
+    assert "Invoice 1042 is paid" in capsys.readouterr().out
+    events = _inspect_json(tmp_path, "invoice-1042", capsys)
+    assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "completed"}}
+
+
+def test_entry_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    anyio.run(example("entry_points.py")["main"], str(tmp_path))
+    out = capsys.readouterr().out
+    assert "JsonlSessionPersistence" in out
+    assert "Invoice 1042 is paid" in out
+    events = _inspect_json(tmp_path, "invoice-1042", capsys)
+    assert events[-1]["type"] == "turn/end"
+
+
+@pytest.mark.usefixtures("no_autoload")
+def test_hook_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    anyio.run(example("hooks.py")["main"])
+    assert capsys.readouterr().out == "every hook example ran\n"
+
+
+@pytest.mark.crash
+@pytest.mark.usefixtures("no_autoload")
+def test_recovery_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    anyio.run(example("recovery.py")["main"], tmp_path)
+    out = capsys.readouterr().out
+    assert "recovery added 9 tool/result" in out
+    assert "TOOL_OUTCOME_UNKNOWN" in out
+    events = _inspect_json(tmp_path, "invoice-1042", capsys)
+    assert [event["seq"] for event in events] == list(range(len(events)))
+    assert [event["data"]["turn"] for event in events if event["type"] == "turn/end"] == [1, 2]
+
+
+@pytest.mark.usefixtures("no_autoload")
+@pytest.mark.parametrize(
+    ("which", "golden"),
+    [("complete", "sample-session.jsonl"), ("recovered", "recovered-session.jsonl")],
+)
+def test_sample_logs_are_what_the_backend_writes(tmp_path: Path, which: str, golden: str) -> None:
+    write: Callable[[Path], Any] = example("sample_log.py")[which]
+    assert anyio.run(write, tmp_path) == (EXAMPLES / golden).read_bytes()
+
+
+@pytest.mark.usefixtures("no_autoload")
+def test_timeline_is_what_the_reporter_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    anyio.run(example("timeline.py")["main"])
+    assert capsys.readouterr().out == (EXAMPLES / "timeline.txt").read_text()
+
+
+def test_fixture_examples_pass() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=DOCS.parent,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert re.search(r"\b\d+ passed\b", completed.stdout)
+
+
+# -------------------------------------------------------------------------------------------
+# Facts quoted in prose
+# -------------------------------------------------------------------------------------------
+
+
+def _quoted(page: str) -> Iterator[str]:
+    """The block quotes of a page, each joined into one line."""
+    lines = page.splitlines()
+    for is_quote, group in itertools.groupby(lines, key=lambda line: line.startswith(">")):
+        if is_quote:
+            yield " ".join(line.removeprefix(">").strip() for line in group)
+
+
+def test_recovery_page_quotes_the_model_visible_texts() -> None:
+    quotes = list(_quoted((DOCS / "recovery.md").read_text()))
+    assert quotes == [OUTCOME_UNKNOWN_TEXT, NOT_STARTED_TEXT]
+
+
+# -------------------------------------------------------------------------------------------
+# Building
+# -------------------------------------------------------------------------------------------
+
+
+def test_docs_build_without_warnings(tmp_path: Path) -> None:
+    pytest.importorskip("sphinx", reason="install the docs extra: pip install -e '.[docs]'")
+    pytest.importorskip("myst_parser", reason="install the docs extra: pip install -e '.[docs]'")
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+    completed = subprocess.run(
+        [*command, str(DOCS), str(tmp_path / "html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert completed.returncode == 0, completed.stderr
