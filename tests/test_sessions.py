@@ -20,7 +20,7 @@ from kai_session_checkpoint_policy import (
 from kai_session_checkpoint_policy.host import SessionError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Generator
 
     from kai_session_checkpoint_policy.hookspecs import FlushThunk
 
@@ -209,6 +209,28 @@ async def test_a_listener_failing_to_build_its_thunk_does_not_starve_later_ones(
 
     assert raised.value is failure
     assert order == ["later:start", "later:end"]
+
+
+class FlushWrapper:
+    name = "flush-wrapper"
+
+    @hookimpl(wrapper=True)
+    def session_flush(self) -> Generator[None, list[FlushThunk], list[FlushThunk]]:
+        return (yield)
+
+
+async def test_a_session_flush_wrapper_is_refused_before_any_listener_starts(
+    host: Host, order: list[str]
+) -> None:
+    host.register(Listener("L", order))
+    host.register(FlushWrapper())
+
+    with pytest.raises(
+        TypeError, match=r"^session_flush cannot be a hook wrapper \(flush-wrapper\)$"
+    ):
+        await host.sessions.flush(host.sessions.create("wrapped"))
+
+    assert order == []
 
 
 async def test_a_single_listener_failure_propagates_as_is(host: Host, order: list[str]) -> None:

@@ -163,7 +163,9 @@ def session_flush(session: Session, host: HostServices) -> FlushThunk | None:
     :return: A zero-argument async callable, or ``None`` when this plugin has nothing to flush.
 
     The session store starts every returned thunk concurrently, waits for all of them to
-    settle, and then raises the first failure in registration order.
+    settle, and then raises the first failure in registration order. An exception raised while
+    building the thunk counts as that plugin's failure and does not keep the others from
+    starting. Implementations cannot be hook wrappers.
     """
 
 
