@@ -32,7 +32,7 @@ import anyio
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+    from collections.abc import AsyncGenerator, AsyncIterator
 
     from .hookspecs import FlushThunk
     from .host import Host, LlmRequest, Session, StreamChunk
@@ -169,11 +169,6 @@ class RecordingAdapter:
     def script(self, *chunks: StreamChunk) -> None:
         """Queue one response: the chunks the next request is answered with."""
         self._scripts.append(chunks)
-
-    def script_all(self, responses: Iterable[Iterable[StreamChunk]]) -> None:
-        """Queue several responses, one per later request, in order."""
-        for chunks in responses:
-            self.script(*chunks)
 
     async def __call__(self, request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
         from kai_session_checkpoint_policy.host import Finish
