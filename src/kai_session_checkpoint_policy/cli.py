@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 import anyio
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from .events import JSON, SessionEvent
     from .persistence import StoredLog
@@ -192,9 +192,20 @@ def describe(event: SessionEvent) -> str:
     return _shorten(_compact(data))
 
 
-def event_line(console: Console, event: SessionEvent, mark: str = " ") -> str:
-    """One event as a line: *mark*, seq, type and :func:`describe`."""
-    return f"{mark}{event.seq:>4}  {console.bold(f'{event.type:<17}')} {describe(event)}"
+def event_line(
+    console: Console,
+    event: SessionEvent,
+    mark: str = " ",
+    paint: Callable[[str], str] | None = None,
+) -> str:
+    """One event as a line: *mark*, seq, type and :func:`describe`, each part *paint*-ed."""
+    if paint is None:
+        return f"{mark}{event.seq:>4}  {console.bold(f'{event.type:<17}')} {describe(event)}"
+    return (
+        paint(f"{mark}{event.seq:>4}  ")
+        + console.bold(paint(f"{event.type:<17}"))
+        + paint(f" {describe(event)}")
+    )
 
 
 def _format_time(epoch_ms: int) -> str:
@@ -265,7 +276,7 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
     else:
         console.line(console.note("recovery would add (not on disk; run 'recover' to write it):"))
     for event in log.repair:
-        console.line(console.note(event_line(console, event, mark="+")))
+        console.line(event_line(console, event, mark="+", paint=console.note))
 
 
 async def _inspect(args: argparse.Namespace) -> int:

@@ -330,7 +330,7 @@ class CheckpointReporter:
 
     @hookimpl
     def session_event(self, event: SessionEvent) -> None:
-        self.console.line(self.console.dim(event_line(self.console, event, mark="   +")))
+        self.console.line(event_line(self.console, event, mark="   +", paint=self.console.dim))
 
     @hookimpl(wrapper=True, trylast=True)
     def agent_pre_step(
@@ -547,7 +547,7 @@ async def _show_recovery(
     recovered = await backend.load(session_id)
     console.line("   Recovery closes the turn ('kai-checkpoint recover'):")
     for event in recovered.repair:
-        console.line(console.note(event_line(console, event, mark="   +")))
+        console.line(event_line(console, event, mark="   +", paint=console.note))
     result = next(event for event in recovered.repair if event.type == "tool/result")
     console.line(
         f"   The result the model will see for {TOOL_NAME} [{CALL_ID}], "
@@ -581,7 +581,7 @@ async def _show_loss(
         if recovered.repair:
             console.line("   Recovery closes the turn:")
             for event in recovered.repair:
-                console.line(console.note(event_line(console, event, mark="   +")))
+                console.line(event_line(console, event, mark="   +", paint=console.note))
     if stored and any(event.type == "tool/call" for event in stored):
         console.line(
             "   This time a background batch happened to write the tool call before the kill: "
