@@ -529,7 +529,8 @@ async def _crash(
     except SessionNotFoundError:
         stored = None
     if use_policy:
-        assert stored is not None, "the policy made the tool call durable before the payment"
+        if stored is None:
+            raise DemoError(f"with the policy loaded, session {session_id} should be on disk")
         await _show_recovery(console, backend, session_id, stored.events)
     else:
         await _show_loss(console, backend, session_id, None if stored is None else stored.events)
