@@ -122,7 +122,7 @@ def _first_problem(value: object, path: str, parents: tuple[int, ...] = ()) -> s
             if problem:
                 return problem
         return None
-    return f"{path} is a {type(value).__name__}, which JSON cannot carry unchanged"
+    return f"{path} is of type {type(value).__name__}, which JSON cannot carry unchanged"
 
 
 def tool_result_data(turn: int, step: int, call_id: str, result: ToolResult) -> JSONObject:

@@ -130,7 +130,8 @@ class Host:
         traceback: TracebackType | None,
     ) -> None:
         stack, task_group = self._stack, self._task_group
-        assert stack is not None and task_group is not None
+        assert stack is not None
+        assert task_group is not None
         self._stack, self._closed = None, True
         try:
             try:
