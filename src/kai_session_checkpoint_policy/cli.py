@@ -240,7 +240,7 @@ async def _list(args: argparse.Namespace) -> int:
     console = Console.for_stream(sys.stdout)
     if not headers:
         console.line(console.dim(f"no sessions under {args.root}"))
-    for header in sorted(headers, key=lambda header: (header.created_at, header.id)):
+    for header in headers:  # oldest first
         console.line(f"{header.id}\t{_format_time(header.created_at)}")
     return EXIT_OK
 
