@@ -21,6 +21,7 @@ from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.persistence import (
     OUTCOME_UNKNOWN_TEXT,
     JsonlSessionPersistence,
+    SessionNotFoundError,
 )
 
 pytestmark = [
@@ -120,3 +121,17 @@ def test_a_side_effecting_tool_call_is_durable_and_recovers_as_unknown(tmp_path:
     assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 1  # the payment did happen
     # Recovery is durable: a second load adds nothing.
     assert recover(root) == loaded
+
+
+@pytest.mark.parametrize(
+    ("hang_at", "marker"), [("request", "request-dispatched"), ("tool", "tool-side-effect")]
+)
+def test_without_the_policy_the_same_crash_loses_the_intent(
+    tmp_path: Path, hang_at: str, marker: str
+) -> None:
+    """The backend alone writes only when its window expires: here, never before the kill."""
+    root = kill_at(tmp_path, hang_at, marker, "--no-policy", "--batch-window", "3600")
+    with pytest.raises(SessionNotFoundError):
+        recover(root)
+    payments = tmp_path / "ledger.jsonl"
+    assert payments.exists() == (hang_at == "tool")  # the payment happened; no log says so

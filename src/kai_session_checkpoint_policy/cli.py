@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 
 import anyio
 
+from .persistence.jsonl import DEFAULT_BATCH_WINDOW
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
@@ -322,6 +324,7 @@ async def _agent(args: argparse.Namespace) -> int:
         hang_at=args.hang_at,
         marker=None if args.marker is None else Path(args.marker),
         ledger=None if args.ledger is None else Path(args.ledger),
+        batch_window=args.batch_window,
     )
     print(f"session {args.session}, turn {outcome.turn}: {_compact(outcome.reason)}")
     if outcome.text:
@@ -346,6 +349,16 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return seconds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -399,6 +412,13 @@ def _parser() -> argparse.ArgumentParser:
         "--ledger",
         metavar="FILE",
         help="append each payment to FILE as a JSON line (default: print it)",
+    )
+    agent.add_argument(
+        "--batch-window",
+        type=_positive_seconds,
+        default=DEFAULT_BATCH_WINDOW,
+        metavar="SECONDS",
+        help=f"how long an event may wait for a background batch (default: {DEFAULT_BATCH_WINDOW})",
     )
     agent.set_defaults(run=_agent)
 

@@ -269,6 +269,7 @@ async def run_agent(
     hang_at: HangAt | None = None,
     marker: Path | None = None,
     ledger: Path | None = None,
+    batch_window: float = DEFAULT_BATCH_WINDOW,
     announce: Callable[[str], object] = print,
 ) -> TurnOutcome:
     """Run one scripted turn for a new session *session_id* stored under *root*.
@@ -282,6 +283,7 @@ async def run_agent(
         hang_at=hang_at,
         marker=marker,
         ledger=ledger,
+        batch_window=batch_window,
         announce=announce,
     ) as (host, _backend):
         session = host.sessions.create(session_id)
