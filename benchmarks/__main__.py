@@ -1,0 +1,115 @@
+"""``python -m benchmarks``: run the suite, print a table (or ``--json``), optionally a chart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._support import machine
+from .chart import render_svg
+from .recovery import recovery
+from .report import evaluate, table
+from .scenarios import Plan, run_all
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+SCENARIOS = ("flush", "checkpoints", "stream", "policy", "recovery")
+BACKENDS = ("asyncio", "trio")
+
+FULL = Plan(rounds=20, per_round=50, stream_events=20_000, stream_runs=3, policy_turns=50)
+QUICK = Plan(rounds=2, per_round=10, stream_events=2_000, stream_runs=1, policy_turns=5)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Measure the checkpoint path against a raw write+fsync in the same run.",
+    )
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run (small samples)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="directory to measure in (its file system is the one measured; default: a "
+        "temporary directory)",
+    )
+    parser.add_argument(
+        "--backend", action="append", choices=BACKENDS, help="event loop (default: both)"
+    )
+    parser.add_argument(
+        "--scenario", action="append", choices=SCENARIOS, help="scenario (default: all)"
+    )
+    parser.add_argument(
+        "--events", type=int, default=None, help="events in the recovered log (default 1000000)"
+    )
+    parser.add_argument(
+        "--recovery-runs", type=int, default=None, help="loads per event loop (default 3)"
+    )
+    parser.add_argument("--svg", type=Path, default=None, help="write the flush chart here")
+    return parser
+
+
+def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
+    plan = QUICK if args.quick else FULL
+    backends: Sequence[str] = args.backend or BACKENDS
+    scenarios: Sequence[str] = args.scenario or SCENARIOS
+    results: dict[str, object] = {
+        "suite": "kai-session-checkpoint-policy benchmarks",
+        "quick": args.quick,
+        "machine": machine(directory),
+        "plan": {
+            "rounds": plan.rounds,
+            "samples_per_round": plan.per_round,
+            "stream_events": plan.stream_events,
+            "stream_runs": plan.stream_runs,
+            "policy_turns_per_round": plan.policy_turns,
+        },
+    }
+    started = time.perf_counter()
+    loop_scenarios = [name for name in scenarios if name != "recovery"]
+    if loop_scenarios:
+        figures: dict[str, object] = {}
+        for backend in backends:
+            root = directory / backend
+            root.mkdir()
+            figures[backend] = anyio.run(run_all, root, plan, loop_scenarios, backend=backend)
+        results["backends"] = figures
+    if "recovery" in scenarios:
+        events = args.events or (5_000 if args.quick else 1_000_000)
+        runs = args.recovery_runs or (1 if args.quick else 3)
+        results["recovery"] = recovery(directory / "recovery", events, runs, backends)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    results["targets"] = evaluate(results)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="kai-bench-", dir=args.dir))
+    try:
+        results = run(args, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if args.svg is not None:
+        args.svg.write_text(render_svg(results), encoding="utf-8")
+    if args.json:
+        sys.stdout.write(json.dumps(results) + "\n")
+    else:
+        sys.stdout.write(table(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Measurement helpers shared by the scenarios: summaries, the raw baseline, the machine."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+__all__ = [
+    "CHUNK_DATA",
+    "Baseline",
+    "Summary",
+    "machine",
+    "summarize",
+]
+
+CHUNK_DATA: Final = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "x" * 32}}
+"""The data of the stream event the scenarios append: a line of about 150 bytes on disk."""
+
+_RAW_LINE: Final = b"{" + b"x" * 148 + b"\n"
+"""What the raw baseline writes: one 150-byte line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The distribution of one measured quantity (microseconds unless said otherwise)."""
+
+    n: int
+    median: float
+    p90: float
+    p99: float
+    mean: float
+
+    def to_json(self) -> dict[str, float]:
+        return {key: round(value, 3) for key, value in asdict(self).items()}
+
+
+def _rank(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank *q* quantile of *ordered* (sorted ascending, not empty)."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summarize(samples_ns: Sequence[int] | Sequence[float], *, scale: float = 1e-3) -> Summary:
+    """Median, p90, p99 and mean of *samples_ns*, scaled (default: nanoseconds to µs)."""
+    if not samples_ns:
+        raise ValueError("no samples")
+    ordered = sorted(sample * scale for sample in samples_ns)
+    return Summary(
+        n=len(ordered),
+        median=_rank(ordered, 0.5),
+        p90=_rank(ordered, 0.9),
+        p99=_rank(ordered, 0.99),
+        mean=sum(ordered) / len(ordered),
+    )
+
+
+class Baseline:
+    """The physical limit: write one 150-byte line with ``os.write``, then ``os.fsync``.
+
+    It appends to a file in the benchmark directory, so it measures the same file system as
+    the scenarios. Samples are taken in rounds interleaved with the scenario's own, so both
+    see the same state of the machine.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(
+            directory / "baseline.raw", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        self.samples: list[int] = []
+
+    def sample(self, count: int) -> list[int]:
+        """Take *count* samples (nanoseconds each), keep them, and return them."""
+        fd, line, clock = self._fd, _RAW_LINE, time.perf_counter_ns
+        taken = []
+        for _ in range(count):
+            start = clock()
+            os.write(fd, line)
+            os.fsync(fd)
+            taken.append(clock() - start)
+        self.samples += taken
+        return taken
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _run(*command: str) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine(directory: Path) -> dict[str, object]:
+    """What the figures were measured on: CPUs, memory, Python, kernel, file system."""
+    memory = _memory_bytes()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gib": None if memory is None else round(memory / 2**30, 1),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": sys.platform,
+        "kernel": platform.release(),
+        "file_system": _run("df", "--output=fstype", str(directory)).split()[-1],
+    }

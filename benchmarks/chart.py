@@ -1,0 +1,148 @@
+"""A self-contained SVG chart of flush latency against batch size and concurrency.
+
+Bars are median ratios to the raw write+fsync baseline, one per event loop; the thin line on
+each bar reaches its p90 ratio. No plotting library is needed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+from xml.sax.saxutils import escape
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["render_svg"]
+
+WIDTH: Final = 760
+HEIGHT: Final = 380
+LEFT: Final = 56
+RIGHT: Final = 16
+TOP: Final = 44
+BOTTOM: Final = 78
+COLOURS: Final = {"asyncio": "#3b6ea5", "trio": "#d9822b"}
+
+
+def _ratios(cell: object) -> tuple[float, float] | None:
+    ratio = cell.get("ratio") if isinstance(cell, dict) else None
+    if not isinstance(ratio, dict):
+        return None
+    median, p90 = ratio.get("median"), ratio.get("p90")
+    if isinstance(median, (int, float)) and isinstance(p90, (int, float)):
+        return float(median), float(p90)
+    return None
+
+
+def _groups(
+    backends: Mapping[str, object],
+) -> list[tuple[str, str, dict[str, tuple[float, float]]]]:
+    """(section, label, {backend: (median, p90)}) for every bar group, in chart order."""
+    groups: list[tuple[str, str, dict[str, tuple[float, float]]]] = []
+    paths: list[tuple[str, tuple[str, ...], str]] = [("batch size", ("flush",), "P=")]
+    for mode in ("burst", "staggered"):
+        paths.append((f"{mode} checkpoints", ("checkpoints", mode), "K="))
+    for section, path, prefix in paths:
+        labels: list[str] = []
+        for figures in backends.values():
+            cells: object = figures
+            for key in path:
+                cells = cells.get(key) if isinstance(cells, dict) else None
+            if isinstance(cells, dict):
+                labels += [
+                    label for label in cells if label.startswith(prefix) and label not in labels
+                ]
+        for label in labels:
+            bars: dict[str, tuple[float, float]] = {}
+            for backend, figures in backends.items():
+                cell: object = figures
+                for key in (*path, label):
+                    cell = cell.get(key) if isinstance(cell, dict) else None
+                ratios = _ratios(cell)
+                if ratios is not None:
+                    bars[backend] = ratios
+            groups.append((section, label, bars))
+    return groups
+
+
+def render_svg(results: Mapping[str, object]) -> str:
+    """The chart for *results* (as printed by ``python -m benchmarks --json``)."""
+    backends = results.get("backends")
+    if not isinstance(backends, dict) or not backends:
+        raise ValueError("the results hold no flush or checkpoint figures")
+    groups = _groups(backends)
+    top = max([p90 for _, _, bars in groups for _, p90 in bars.values()] + [3.0])
+    scale_max = float(int(top) + 1)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def y(value: float) -> float:
+        return TOP + plot_h * (1 - value / scale_max)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" font-size="14">'
+        "Flush latency as a multiple of one raw write+fsync (median; line: p90)</text>",
+    ]
+    step = 1.0 if scale_max <= 6 else 2.0
+    tick = 0.0
+    while tick <= scale_max:
+        out.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
+            f'stroke="#ddd"/><text x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">'
+            f"{tick:g}x</text>"
+        )
+        tick += step
+    out.append(
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(1):.1f}" y2="{y(1):.1f}" '
+        'stroke="#444" stroke-dasharray="4 3"/>'
+    )
+    slot = plot_w / max(1, len(groups))
+    names = list(backends)
+    bar_w = slot * 0.7 / max(1, len(names))
+    section_start: dict[str, float] = {}
+    for index, (section, label, bars) in enumerate(groups):
+        x0 = LEFT + index * slot
+        section_start.setdefault(section, x0)
+        for position, backend in enumerate(names):
+            if backend not in bars:
+                continue
+            median, p90 = bars[backend]
+            x = x0 + slot * 0.15 + position * bar_w
+            colour = COLOURS.get(backend, "#777")
+            out.append(
+                f'<rect x="{x:.1f}" y="{y(median):.1f}" width="{bar_w - 2:.1f}" '
+                f'height="{y(0) - y(median):.1f}" fill="{colour}"><title>{escape(backend)} '
+                f"{escape(section)} {escape(label)}: median {median:.2f}x, p90 {p90:.2f}x"
+                "</title></rect>"
+            )
+            middle = x + (bar_w - 2) / 2
+            out.append(
+                f'<line x1="{middle:.1f}" x2="{middle:.1f}" y1="{y(median):.1f}" '
+                f'y2="{y(p90):.1f}" stroke="{colour}" stroke-width="1.5"/>'
+            )
+        out.append(
+            f'<text x="{x0 + slot / 2:.1f}" y="{y(0) + 15:.1f}" text-anchor="middle">'
+            f"{escape(label)}</text>"
+        )
+    starts = list(section_start.items())
+    for index, (section, start) in enumerate(starts):
+        end = starts[index + 1][1] if index + 1 < len(starts) else WIDTH - RIGHT
+        out.append(
+            f'<text x="{(start + end) / 2:.1f}" y="{y(0) + 32:.1f}" text-anchor="middle" '
+            f'font-weight="bold">{escape(section)}</text>'
+        )
+    legend_x = LEFT
+    for backend in names:
+        out.append(
+            f'<rect x="{legend_x}" y="{HEIGHT - 22}" width="12" height="12" '
+            f'fill="{COLOURS.get(backend, "#777")}"/><text x="{legend_x + 16}" '
+            f'y="{HEIGHT - 12}">{escape(backend)}</text>'
+        )
+        legend_x += 90
+    out.append(
+        f'<text x="{legend_x + 10}" y="{HEIGHT - 12}">dashed: 1x = one raw write of a '
+        "150-byte line + fsync, measured in the same run</text>"
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,269 @@
+"""Scenario 5: recovering a large log: load time and peak memory, each load in a fresh process.
+
+The log is generated directly in the JSONL format: complete turns of two steps (streamed
+chunks, a tool call and its result), then an open turn that ends with a durable ``tool/call``
+and a torn final line, so recovery does all of its work: it scans every line, cuts and keeps
+the torn tail, and appends the closing repair.
+
+Each measured load runs in a child process (``python -m benchmarks.recovery measure ...``) so
+that its peak memory is its own: the child reports ``ru_maxrss`` (resident, the whole process)
+and, in a separate run, the ``tracemalloc`` peak (Python allocations only; tracing slows the
+load, so that run's time is not used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import anyio
+
+from kai_session_checkpoint_policy.events import encode_data
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, encode_session_id
+from kai_session_checkpoint_policy.persistence.format import (
+    LOG_NAME,
+    SessionHeader,
+    encode_header,
+)
+
+from ._support import summarize
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from kai_session_checkpoint_policy import JSONObject
+
+__all__ = ["generate_log", "recovery"]
+
+SESSION_ID: Final = "recovery"
+CHUNKS_PER_STEP: Final = 40
+START_MS: Final = 1_700_000_000_000
+
+
+def _line(event_type: str, seq: int, time_ms: int, data: JSONObject) -> str:
+    _, encoded = encode_data(event_type, data)
+    return f'{{"type":"{event_type}","seq":{seq},"time":{time_ms},"data":{encoded}}}\n'
+
+
+def _turn(turn: int, chunks: int, *, closed: bool) -> Iterator[tuple[str, JSONObject]]:
+    """The events of one turn: step 1 streams and asks for a tool, step 2 streams and answers.
+
+    An open turn (``closed=False``) stops right after step 1's ``tool/call``.
+    """
+    call_id = f"call-{turn}"
+    yield "turn/start", {"turn": turn}
+    yield "step/start", {"turn": turn, "step": 1}
+    message: JSONObject = {
+        "id": f"user-{turn}",
+        "role": "user",
+        "content": [{"type": "text", "text": f"Question number {turn}?"}],
+        "source": {"kind": "prompt"},
+    }
+    yield "user/message", {"turn": turn, "step": 1, "message": message}
+    for step in (1, 2):
+        if step == 2:
+            yield "step/start", {"turn": turn, "step": 2}
+        for index in range(chunks if closed or step == 1 else 0):
+            text = f"chunk {index:04d} of a streamed answer"
+            chunk: JSONObject = {"type": "text-delta", "text": text}
+            yield "assistant/chunk", {"turn": turn, "step": step, "chunk": chunk}
+        content: list[JSONObject] = [{"type": "text", "text": "(streamed text)"}]
+        if step == 1:
+            content.append(
+                {"type": "tool-call", "id": call_id, "name": "lookup", "arguments": "{}"}
+            )
+        reply: JSONObject = {
+            "id": f"assistant-{turn}-{step}",
+            "role": "assistant",
+            "content": list(content),
+            "source": {"kind": "model", "provider": "bench", "model": "scripted"},
+        }
+        yield "assistant/message", {"turn": turn, "step": step, "message": reply}
+        if step == 1:
+            yield (
+                "tool/call",
+                {
+                    "turn": turn,
+                    "step": 1,
+                    "callId": call_id,
+                    "name": "lookup",
+                    "arguments": "{}",
+                },
+            )
+            if not closed:
+                return
+            result: JSONObject = {
+                "id": f"tool-result-{call_id}",
+                "role": "user",
+                "source": {"kind": "tool", "callId": call_id},
+                "content": [
+                    {
+                        "type": "tool-result",
+                        "toolCallId": call_id,
+                        "isError": False,
+                        "content": [{"type": "text", "text": '{"answer": 42}'}],
+                    }
+                ],
+            }
+            yield "tool/result", {"turn": turn, "step": 1, "message": result}
+        yield "step/end", {"turn": turn, "step": step}
+    yield "turn/end", {"turn": turn, "reason": {"kind": "completed"}}
+
+
+def generate_log(path: Path, events: int) -> int:
+    """Write a log of exactly *events* events (and a torn tail) to *path*; return its size."""
+    closed_length = sum(1 for _ in _turn(1, CHUNKS_PER_STEP, closed=True))
+    open_fixed = sum(1 for _ in _turn(1, 0, closed=False))
+    if events < open_fixed:
+        raise ValueError(f"a log needs at least {open_fixed} events")
+    turns = (events - open_fixed) // closed_length
+    seq = 0
+    with path.open("wb") as log:
+        log.write(encode_header(SessionHeader(SESSION_ID, START_MS)))
+        plan = [(turn, CHUNKS_PER_STEP, True) for turn in range(1, turns + 1)]
+        plan.append((turns + 1, events - turns * closed_length - open_fixed, False))
+        for turn, chunks, closed in plan:
+            lines = [
+                _line(event_type, seq + index, START_MS + seq + index, data)
+                for index, (event_type, data) in enumerate(_turn(turn, chunks, closed=closed))
+            ]
+            seq += len(lines)
+            log.write("".join(lines).encode())
+        log.write(b'{"type":"tool/result","seq":')  # the torn final line
+    if seq != events:
+        raise AssertionError(f"generated {seq} events instead of {events}")
+    return path.stat().st_size
+
+
+# -- the child: one load, measured ------------------------------------------------------------
+
+
+def _maxrss_bytes() -> int:
+    # Linux reports kilobytes, macOS bytes.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+async def _load(root: str, session_id: str) -> tuple[int, int, int]:
+    log = await JsonlSessionPersistence(root).load(session_id)
+    return len(log.events), len(log.repair), log.torn_bytes
+
+
+def _measure(root: str, session_id: str, backend: str, trace: bool) -> dict[str, object]:
+    before = _maxrss_bytes()
+    if trace:
+        tracemalloc.start()
+    start = time.perf_counter()
+    events, repair, torn = anyio.run(_load, root, session_id, backend=backend)
+    seconds = time.perf_counter() - start
+    traced_peak = tracemalloc.get_traced_memory()[1] if trace else None
+    return {
+        "seconds": seconds,
+        "maxrss_bytes": _maxrss_bytes(),
+        "maxrss_before_bytes": before,
+        "traced_peak_bytes": traced_peak,
+        "events": events,
+        "repair_events": repair,
+        "torn_bytes": torn,
+    }
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+def _fresh_copy(pristine: Path, root: Path) -> None:
+    directory = root / encode_session_id(SESSION_ID)
+    if root.exists():
+        shutil.rmtree(root)
+    directory.mkdir(mode=0o700, parents=True)
+    shutil.copyfile(pristine, directory / LOG_NAME)
+    os.chmod(directory / LOG_NAME, 0o600)
+
+
+def _child(root: Path, backend: str, *, trace: bool) -> dict[str, object]:
+    command = [sys.executable, "-m", "benchmarks.recovery", "measure", str(root), SESSION_ID]
+    command += ["--backend", backend] + (["--trace"] if trace else [])
+    here = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])),
+    }
+    output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
+    result: dict[str, object] = json.loads(output)
+    return result
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"expected an integer from the child, not {value!r}")
+    return value
+
+
+def _float(value: object) -> float:
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number from the child, not {value!r}")
+    return float(value)
+
+
+def recovery(directory: Path, events: int, runs: int, backends: Sequence[str]) -> dict[str, object]:
+    """Generate a log of *events* events, then load it *runs* times per backend (fresh copies)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pristine = directory / "pristine.jsonl"
+    start = time.perf_counter()
+    size = generate_log(pristine, events)
+    figures: dict[str, object] = {
+        "events": events,
+        "file_bytes": size,
+        "generate_seconds": round(time.perf_counter() - start, 3),
+    }
+    for index, backend in enumerate(backends):
+        loads = []
+        for _ in range(runs):
+            _fresh_copy(pristine, directory / "root")
+            loads.append(_child(directory / "root", backend, trace=False))
+        if index == 0:  # memory does not depend on the event loop; tracing is slow
+            _fresh_copy(pristine, directory / "root")
+            traced = _child(directory / "root", backend, trace=True)
+            figures["tracemalloc_peak_mib"] = round(_int(traced["traced_peak_bytes"]) / 2**20, 1)
+            figures["tracemalloc_backend"] = backend
+        first = loads[0]
+        figures[backend] = {
+            "runs": runs,
+            "load_seconds": summarize([_float(run["seconds"]) for run in loads], scale=1).to_json(),
+            "maxrss_mib": summarize(
+                [_int(run["maxrss_bytes"]) for run in loads], scale=2**-20
+            ).to_json(),
+            "maxrss_before_load_mib": round(_int(first["maxrss_before_bytes"]) / 2**20, 1),
+            "loaded_events": first["events"],
+            "repair_events": first["repair_events"],
+            "torn_bytes": first["torn_bytes"],
+        }
+    shutil.rmtree(directory / "root", ignore_errors=True)
+    pristine.unlink()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recovery")
+    commands = parser.add_subparsers(dest="command", required=True)
+    measure = commands.add_parser("measure", help="load one session and report time and memory")
+    measure.add_argument("root")
+    measure.add_argument("session")
+    measure.add_argument("--backend", default="asyncio", choices=("asyncio", "trio"))
+    measure.add_argument("--trace", action="store_true", help="measure with tracemalloc")
+    args = parser.parse_args(argv)
+    print(json.dumps(_measure(args.root, args.session, args.backend, args.trace)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""The targets the figures are held to, and the table printed for people."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["TARGETS", "Target", "evaluate", "table"]
+
+Results = dict[str, object]
+
+
+def _get(tree: object, *path: str) -> object:
+    """``tree[path[0]][path[1]]...``, or ``None`` when a step is missing."""
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _items(tree: object) -> list[tuple[str, object]]:
+    """The entries of *tree* if it is a JSON object, else none."""
+    return [(str(key), value) for key, value in tree.items()] if isinstance(tree, dict) else []
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A figure the suite must reach: ``value <= limit`` (or ``==`` when *exact*)."""
+
+    name: str
+    unit: str
+    limit: float
+    value: Callable[[Results, str], float | None]
+    scope: str = "backend"  # or "recovery": the figure comes from the recovery scenario
+    exact: bool = False
+
+    def check(self, value: float) -> bool:
+        return value == self.limit if self.exact else value <= self.limit
+
+
+def _backend(*path: str) -> Callable[[Results, str], float | None]:
+    return lambda results, backend: _number(_get(results, "backends", backend, *path))
+
+
+def _recovery(*path: str) -> Callable[[Results, str], float | None]:
+    return lambda results, backend: _number(_get(results, "recovery", backend, *path))
+
+
+def _peak_mib(results: Results, backend: str) -> float | None:
+    peaks = [
+        _number(_get(results, "recovery", backend, "maxrss_mib", "p99")),
+        _number(_get(results, "recovery", "tracemalloc_peak_mib")),
+    ]
+    known = [peak for peak in peaks if peak is not None]
+    return max(known) if known else None
+
+
+TARGETS: Final = (
+    Target("flush P=1, median", "x", 1.5, _backend("flush", "P=1", "ratio", "median")),
+    Target("flush P=100, median", "x", 2.5, _backend("flush", "P=100", "ratio", "median")),
+    Target(
+        "burst K=32, writes in every group",
+        "",
+        1,
+        _backend("checkpoints", "burst", "K=32", "max_writes_per_group"),
+        exact=True,
+    ),
+    Target(
+        "burst K=32, fsyncs in every group",
+        "",
+        1,
+        _backend("checkpoints", "burst", "K=32", "max_fsyncs_per_group"),
+        exact=True,
+    ),
+    Target(
+        "burst K=32, group latency median",
+        "x",
+        3.0,
+        _backend("checkpoints", "burst", "K=32", "ratio", "median"),
+    ),
+    Target(
+        "staggered K=32, fsyncs per group (mean)",
+        "",
+        2.0,
+        _backend("checkpoints", "staggered", "K=32", "fsyncs_per_group"),
+    ),
+    Target("stream append, median", "us", 10.0, _backend("stream", "append_us", "median")),
+    Target(
+        "policy overhead per boundary", "us", 20.0, _backend("policy", "overhead_per_boundary_us")
+    ),
+    Target("recovery load, median", "s", 5.0, _recovery("load_seconds", "median"), "recovery"),
+    Target("recovery peak memory", "MiB", 1024.0, _peak_mib, "recovery"),
+)
+
+
+def evaluate(results: Results) -> list[dict[str, object]]:
+    """Every target, for every backend measured, with its value and whether it is met."""
+    checked: list[dict[str, object]] = []
+    for target in TARGETS:
+        where = results.get("recovery") if target.scope == "recovery" else results.get("backends")
+        backends = (
+            [key for key in where if key in ("asyncio", "trio")] if isinstance(where, dict) else []
+        )
+        for backend in backends:
+            value = target.value(results, backend)
+            if value is None:
+                continue
+            checked.append(
+                {
+                    "target": target.name,
+                    "backend": backend,
+                    "value": round(value, 3),
+                    "limit": f"{'==' if target.exact else '<='} {target.limit:g}{target.unit}",
+                    "met": target.check(value),
+                }
+            )
+    return checked
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _fmt(value: object, spec: str, suffix: str = "") -> str:
+    number = _number(value)
+    return "" if number is None else f"{number:{spec}}{suffix}"
+
+
+def _ratio_row(label: str, cell: object, writes: str, fsyncs: str) -> list[str]:
+    return [
+        label,
+        *(_fmt(_get(cell, "ratio", q), ".2f", "x") for q in ("median", "p90", "p99")),
+        _fmt(_get(cell, "latency_us", "median"), ".0f"),
+        _fmt(_get(cell, writes), ".2f"),
+        _fmt(_get(cell, fsyncs), ".2f"),
+    ]
+
+
+def _rows(figures: object) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for name, cell in _items(_get(figures, "flush")):
+        rows.append(_ratio_row(f"flush after {name}", cell, "writes_per_flush", "fsyncs_per_flush"))
+    for mode in ("burst", "staggered"):
+        for name, cell in _items(_get(figures, "checkpoints", mode)):
+            label = f"{mode} {name} checkpoints"
+            rows.append(_ratio_row(label, cell, "writes_per_group", "fsyncs_per_group"))
+    stream = _get(figures, "stream")
+    if isinstance(stream, dict):
+        background = (
+            _fmt(stream["background_writes_per_run"], ".1f"),
+            _fmt(stream["background_fsyncs_per_run"], ".1f"),
+        )
+        final = (
+            _fmt(stream["final_writes_per_run"], ".0f"),
+            _fmt(stream["final_fsyncs_per_run"], ".0f"),
+        )
+        rows.append(
+            [
+                f"stream: append ({stream['events']} events, us)",
+                *(_fmt(_get(stream, "append_us", q), ".2f") for q in ("median", "p90", "p99")),
+                "",
+                f"{background[0]}+{final[0]}",
+                f"{background[1]}+{final[1]}",
+            ]
+        )
+        rows.append(_ratio_row("stream: then one flush", stream["final_flush"], "", ""))
+        rows.append(
+            [
+                "stream: total (ms)",
+                *(_fmt(_get(stream, "total_ms", q), ".0f") for q in ("median", "p90", "p99")),
+                "",
+                "",
+                "",
+            ]
+        )
+    policy = _get(figures, "policy")
+    if isinstance(policy, dict):
+        rows.append(
+            [
+                "policy: overhead per boundary (us)",
+                _fmt(policy["overhead_per_boundary_us"], ".1f"),
+                "",
+                "",
+                _fmt(_get(policy, "turn_with_policy_us", "median"), ".0f"),
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
+def _format(rows: list[list[str]], header: list[str], left: int = 2) -> str:
+    """Columns padded to their widest cell; the first *left* columns left-aligned."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, [""] * len(header), *rows]:
+        cells = zip(row, widths, strict=True)
+        line = "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(cells))
+        lines.append(line.rstrip())
+    lines[1] = "  ".join("-" * width for width in widths)
+    return "\n".join(lines)
+
+
+def table(results: Results) -> str:
+    """The figures as a plain-text table, then the targets."""
+    out: list[str] = []
+    machine = results.get("machine")
+    if isinstance(machine, dict):
+        out.append(
+            "machine: {nproc} CPUs ({cpu}), {memory_gib} GiB, {python}, kernel {kernel}, "
+            "file system {file_system}".format(**machine)
+        )
+    rows: list[list[str]] = []
+    for backend, figures in _items(results.get("backends")):
+        base = [_fmt(_get(figures, "baseline_us", q), ".1f") for q in ("median", "p90", "p99")]
+        out.append(
+            f"raw baseline on {backend} (write 150 B + fsync): median {base[0]} us, "
+            f"p90 {base[1]} us, p99 {base[2]} us"
+        )
+        rows += [[backend, *row] for row in _rows(figures)]
+    if rows:
+        out += ["", "ratios to the raw baseline sampled in the same rounds; us = median", ""]
+        header = ["loop", "figure", "median", "p90", "p99", "us", "writes", "fsyncs"]
+        out.append(_format(rows, header))
+    recovery = results.get("recovery")
+    if isinstance(recovery, dict):
+        size = _fmt(recovery["file_bytes"], ",.0f")
+        out += [
+            "",
+            f"recovery of {recovery['events']:,} events ({size} bytes), one fresh process per "
+            f"load; tracemalloc peak {recovery.get('tracemalloc_peak_mib')} MiB",
+        ]
+        for backend in ("asyncio", "trio"):
+            figures = recovery.get(backend)
+            if isinstance(figures, dict):
+                load = [_fmt(_get(figures, "load_seconds", q), ".2f") for q in ("median", "p99")]
+                rss = [_fmt(_get(figures, "maxrss_mib", q), ".0f") for q in ("median", "p99")]
+                out.append(
+                    f"  {backend}: load median {load[0]} s (max {load[1]} s), maxrss median "
+                    f"{rss[0]} MiB (max {rss[1]} MiB; "
+                    f"{figures['maxrss_before_load_mib']} MiB before loading)"
+                )
+    checked = results.get("targets")
+    if isinstance(checked, list) and checked:
+        rows = [
+            [str(t[key]) for key in ("backend", "target", "value", "limit")]
+            + ["met" if t["met"] else "MISSED"]
+            for t in checked
+        ]
+        out += ["", "targets", "", _format(rows, ["loop", "target", "value", "limit", ""])]
+    return "\n".join(out)

@@ -1,0 +1,133 @@
+"""The benchmark suite still runs: ``python -m benchmarks --quick`` and its structural facts.
+
+Speed is measured by the suite itself, never asserted here; these checks only pin what must
+hold on any machine, such as "a burst of 32 checkpoints costs exactly one write and one fsync".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, object], Path]:
+    directory = tmp_path_factory.mktemp("bench")
+    chart = directory / "flush.svg"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "benchmarks", "--quick", "--json", "--svg", str(chart)]
+    completed = subprocess.run(
+        [*command, "--dir", str(directory)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    results = json.loads(completed.stdout)
+    assert isinstance(results, dict)
+    return results, chart
+
+
+def _dig(tree: object, *path: str) -> object:
+    for key in path:
+        assert isinstance(tree, dict), f"{key!r} missing"
+        assert key in tree, f"{key!r} missing from {sorted(tree)}"
+        tree = tree[key]
+    return tree
+
+
+def _number(tree: object, *path: str) -> float:
+    value = _dig(tree, *path)
+    assert isinstance(value, (int, float)), f"{path} is {value!r}"
+    return value
+
+
+BACKENDS = ("asyncio", "trio")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size", [1, 10, 100])
+def test_every_flush_is_one_write_and_one_fsync(
+    quick_run: tuple[dict[str, object], Path], backend: str, size: int
+) -> None:
+    cell = _dig(quick_run[0], "backends", backend, "flush", f"P={size}")
+    assert _dig(cell, "writes_per_flush") == 1
+    assert _dig(cell, "fsyncs_per_flush") == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("k", [1, 8, 32])
+def test_a_burst_of_checkpoints_is_one_write_and_one_fsync(
+    quick_run: tuple[dict[str, object], Path], backend: str, k: int
+) -> None:
+    cell = _dig(quick_run[0], "backends", backend, "checkpoints", "burst", f"K={k}")
+    for key in ("min_writes_per_group", "max_writes_per_group"):
+        assert _dig(cell, key) == 1
+    for key in ("min_fsyncs_per_group", "max_fsyncs_per_group"):
+        assert _dig(cell, key) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_staggered_checkpoints_fsync_every_write(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    cell = _dig(quick_run[0], "backends", backend, "checkpoints", "staggered", "K=32")
+    writes = _number(cell, "writes_per_group")
+    assert writes >= 1
+    assert _number(cell, "fsyncs_per_group") == writes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stream_is_written_in_batches(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    stream = _dig(quick_run[0], "backends", backend, "stream")
+    writes = [_number(stream, f"{when}_writes_per_run") for when in ("background", "final")]
+    fsyncs = [_number(stream, f"{when}_fsyncs_per_run") for when in ("background", "final")]
+    assert writes == fsyncs
+    assert 1 <= sum(writes) < _number(stream, "events")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_policy_checkpoints_every_boundary(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    policy = _dig(quick_run[0], "backends", backend, "policy")
+    assert _dig(policy, "flushes_per_turn") == _dig(policy, "boundaries_per_turn") == 5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_recovery_loads_every_event_and_repairs_the_open_turn(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    recovery = _dig(quick_run[0], "recovery")
+    figures = _dig(recovery, backend)
+    assert _dig(figures, "repair_events") == 3  # the unknown tool result, step/end, turn/end
+    assert _number(figures, "loaded_events") == _number(recovery, "events") + 3
+    assert _dig(figures, "torn_bytes") != 0
+
+
+def test_every_target_is_evaluated(quick_run: tuple[dict[str, object], Path]) -> None:
+    targets = _dig(quick_run[0], "targets")
+    assert isinstance(targets, list)
+    names = {target["target"] for target in targets}
+    assert len(names) == 10
+    assert {target["backend"] for target in targets} == set(BACKENDS)
+
+
+def test_the_chart_is_an_svg_with_every_group(quick_run: tuple[dict[str, object], Path]) -> None:
+    svg = quick_run[1].read_text(encoding="utf-8")
+    assert svg.startswith("<svg ")
+    assert svg.rstrip().endswith("</svg>")
+    for label in ("P=1", "P=100", "burst checkpoints", "staggered checkpoints", "K=32"):
+        assert label in svg
