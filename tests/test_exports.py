@@ -8,9 +8,9 @@ from types import ModuleType
 import pytest
 
 import kai_session_checkpoint_policy as package
-from kai_session_checkpoint_policy import host
+from kai_session_checkpoint_policy import host, persistence
 
-EXPORTED_MODULES = {package: {"invariant", "policy"}, host: set()}
+EXPORTED_MODULES = {package: {"invariant", "policy"}, host: set(), persistence: set()}
 
 
 def isort_style(name: str) -> tuple[int, str]:
@@ -31,7 +31,7 @@ def public_names(module: ModuleType) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("module", [package, host], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [package, host, persistence], ids=lambda module: module.__name__)
 def test_all_is_sorted_without_duplicates(module: ModuleType) -> None:
     exported: list[str] = module.__all__
 
@@ -39,7 +39,7 @@ def test_all_is_sorted_without_duplicates(module: ModuleType) -> None:
     assert len(set(exported)) == len(exported)
 
 
-@pytest.mark.parametrize("module", [package, host], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [package, host, persistence], ids=lambda module: module.__name__)
 def test_all_is_exactly_the_public_surface(module: ModuleType) -> None:
     exported = set(module.__all__)
     modules = {name for name in exported if isinstance(getattr(module, name), ModuleType)}

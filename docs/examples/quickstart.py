@@ -13,9 +13,8 @@ import tempfile
 import anyio
 
 # example: start
-from kai_session_checkpoint_policy import Agent, Host, invariant, policy
+from kai_session_checkpoint_policy import Agent, Host, JsonlSessionPersistence, invariant, policy
 from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
-from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
 
 async def main(root: str) -> None:

@@ -1,0 +1,29 @@
+"""The persistence service a host offers its plugins as ``host.session_persistence``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .jsonl import StoredLog
+
+__all__ = ["SessionPersistence"]
+
+
+class SessionPersistence(Protocol):
+    """What a persistence backend offers as ``host.session_persistence``.
+
+    The checkpoint policy only checks that one is present; flushing goes through the
+    ``session_flush`` hook.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    async def load(self, session_id: str) -> StoredLog:
+        """Read a session's log with crash recovery, making the repair durable."""
+        ...
+
+    async def inspect(self, session_id: str) -> StoredLog:
+        """Read a session's log and the repair recovery would add, changing nothing."""
+        ...
