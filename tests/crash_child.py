@@ -398,11 +398,21 @@ async def run_plan(host: Host, model: ScriptedModel, plan: SessionPlan, recorder
 
 
 async def run_workload(
-    workload: Workload, root: Path, recorder: Recorder, *, files: OsFiles | None = None
+    workload: Workload,
+    root: Path,
+    recorder: Recorder,
+    *,
+    files: OsFiles | None = None,
+    clock: Callable[[], int] | None = None,
 ) -> BaseException | None:
     """Run *workload* on a fresh host; return the error closing the host raised, if any."""
     backend = ObservedJsonl(root, recorder, batch_window=workload.batch_window, files=files)
-    host = Host([backend, policy, Labels(), Appended(recorder)], autoload=False)
+    plugins = [backend, policy, Labels(), Appended(recorder)]
+    host = (
+        Host(plugins, autoload=False)
+        if clock is None
+        else Host(plugins, autoload=False, clock=clock)
+    )
     model = ScriptedModel(recorder)
     host.llm.register_adapter(PROVIDER, model)
     register_tools(host, recorder)

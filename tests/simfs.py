@@ -50,6 +50,7 @@ __all__ = [
     "FAULT_KINDS",
     "CrashImage",
     "FaultPlan",
+    "Mirror",
     "SimFiles",
     "SimState",
     "crash_images",
@@ -125,6 +126,45 @@ class _Handle:
     lock: bool = False
 
 
+class Mirror:
+    """The names (not the bytes) of a simulated tree, kept as empty files under a real *base*.
+
+    Several layers may share one mirror in turn: each syncs it to its own names when created,
+    so consecutive crash images cost only the names that differ.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base: Final = base
+        self.names: dict[str, bool] = {"": True}  # relative path -> is a directory
+
+    def add(self, path: str, directory: bool) -> None:
+        real = self.base / path
+        if directory:
+            real.mkdir(exist_ok=True)
+        else:
+            real.touch()
+        self.names[path] = directory
+
+    def remove(self, path: str) -> None:
+        real = self.base / path
+        if self.names.pop(path, False):
+            for child in [name for name in self.names if name.startswith(f"{path}/")]:
+                self.remove(child)
+            real.rmdir()
+        else:
+            real.unlink(missing_ok=True)
+
+    def sync(self, names: Mapping[str, int]) -> None:
+        """Make the real tree hold exactly *names*."""
+        wanted = {path: node == DIR for path, node in names.items()}
+        for path in sorted(self.names, key=lambda p: -p.count("/")):
+            if path in self.names and path and wanted.get(path) != self.names[path]:
+                self.remove(path)
+        for path in sorted(wanted, key=lambda p: p.count("/")):
+            if path not in self.names:
+                self.add(path, wanted[path])
+
+
 @dataclass(slots=True)
 class _Counts:
     ops: dict[str, int] = field(default_factory=dict)
@@ -152,8 +192,9 @@ def _parent(path: str) -> str:
 class SimFiles(OsFiles):
     """An in-memory file layer under the real directory *base*; see the module docstring.
 
-    :param base: An existing, empty (or :meth:`mount`-ed) directory; every path the backend
-        uses must lie under it.
+    :param base: An existing directory; every path the backend uses must lie under it.
+    :param image: The durable contents to start from (default: nothing but *base*).
+    :param mirror: The mirror of *base* to reuse (it must be the only writer under *base*).
     :param seed: Seeds the garbage and the partial persistence of a failed fsync.
     :param fault: The fault to inject, if any.
     :param record: Keep a :class:`SimState` after every change, for :func:`crash_images`.
@@ -163,12 +204,15 @@ class SimFiles(OsFiles):
         self,
         base: Path,
         *,
+        image: CrashImage | None = None,
+        mirror: Mirror | None = None,
         seed: int = 0,
         fault: FaultPlan | None = None,
         record: bool = False,
     ) -> None:
         super().__init__()
         self.base: Final = base
+        self.mirror: Final = Mirror(base) if mirror is None else mirror
         self.fault = fault
         self.rng = random.Random(seed)
         self.clock = 0
@@ -184,31 +228,28 @@ class SimFiles(OsFiles):
         self._next_fd = 1000
         self._tmp = 0
         self._counts = _Counts()
+        for path, content in (image or {}).items():
+            if content is None:
+                self._names[path] = DIR
+            else:
+                self._names[path] = node = len(self._files)
+                self._files[node] = FileState(content, content)
+        self._disk_names = dict(self._names)
+        self.mirror.sync(self._names)
         self.record = record
         self.states: list[SimState] = []
         if record:
             self.states.append(self.snapshot())
 
-    @classmethod
-    def mount(
-        cls, base: Path, *, seed: int = 0, fault: FaultPlan | None = None, record: bool = False
-    ) -> SimFiles:
-        """A layer whose durable contents are the real tree under *base*."""
-        sim = cls(base, seed=seed, fault=fault, record=record)
-        for directory, dirs, files in os.walk(base):
-            rel_dir = Path(directory).relative_to(base).as_posix()
-            rel_dir = "" if rel_dir == "." else rel_dir
-            for name in dirs:
-                sim._names[f"{rel_dir}/{name}".lstrip("/")] = DIR
-            for name in files:
-                data = (Path(directory) / name).read_bytes()
-                node = len(sim._files)
-                sim._files[node] = FileState(data, data)
-                sim._names[f"{rel_dir}/{name}".lstrip("/")] = node
-        sim._disk_names = dict(sim._names)
-        if sim.record:
-            sim.states = [sim.snapshot()]
-        return sim
+    def lose_unsynced(self) -> None:
+        """Simulate a power loss that keeps only what is durable; open handles are dropped."""
+        with self._lock:
+            self._names = dict(self._disk_names)
+            self._files = {node: FileState(f.disk, f.disk) for node, f in self._files.items()}
+            self._dir_pending.clear()
+            self._handles.clear()
+            self.mirror.sync(self._names)
+            self._changed()
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -259,19 +300,11 @@ class SimFiles(OsFiles):
         parent = _parent(path)
         if node is None:
             del self._names[path]
+            self.mirror.remove(path)
         else:
             self._names[path] = node
+            self.mirror.add(path, node == DIR)
         self._dir_pending[parent] = (*self._dir_pending.get(parent, ()), (path, node))
-        real = self.base / path
-        if node is None:
-            if real.is_dir():
-                real.rmdir()
-            else:
-                real.unlink(missing_ok=True)
-        elif node == DIR:
-            real.mkdir(exist_ok=True)
-        else:
-            real.touch()
 
     def _file(self, path: str) -> int:
         node = self._names.get(path)
@@ -288,7 +321,7 @@ class SimFiles(OsFiles):
         return fd
 
     def _new_file(self, path: str) -> int:
-        node = max(self._files, default=-1) + 1
+        node = len(self._files)
         self._files[node] = FileState()
         self._entry(path, node)
         return node
@@ -337,12 +370,12 @@ class SimFiles(OsFiles):
     def publish(self, path: Path, data: bytes) -> None:
         with self._lock:
             rel = self._rel(path)
-            self._tmp += 1
             temporary = f"{rel}.{self._tmp:012x}.tmp"
+            while temporary in self._names:  # the real layer's 48 random bits never collide
+                self._tmp += 1
+                temporary = f"{rel}.{self._tmp:012x}.tmp"
             self.trace.append(("create", temporary))
             self._check("open", temporary)
-            if temporary in self._names:
-                raise FileExistsError(errno.EEXIST, "exists", str(self.base / temporary))
             node = self._new_file(temporary)
             self._changed()
             fd = self._open(node, temporary)
@@ -401,6 +434,8 @@ class SimFiles(OsFiles):
             return len(self._files[self._handles[fd].node].cache)
 
     def write(self, fd: int, data: bytes) -> None:
+        if not data:
+            return  # the real layer makes no call at all
         with self._lock:
             handle = self._handles[fd]
             self.calls["write"] += 1
