@@ -321,12 +321,13 @@ class JsonlSessionPersistence:
                     f"so seq {log.count + index} was expected"
                 )
         data = "".join([f"{event.encode()}\n" for event in batch]).encode()
-        if log.fd is None:
+        if log.size == 0:  # the file does not exist yet
             header = encode_header(SessionHeader(writer.session_id, batch[0].time))
             self.files.publish(log.path, header + data)
-            log.fd = self.files.open_append(log.path)
             log.size = len(header) + len(data)
         else:
+            if log.fd is None:  # opened only now, so a failed open cannot undo the publish
+                log.fd = self.files.open_append(log.path)
             self._append_bytes(log, log.fd, data)
         log.count += len(batch)
 
