@@ -45,3 +45,44 @@ async def test_a_failed_open_after_the_log_is_created_does_not_wedge_it(tmp_path
         await host.sessions.flush(session)
     loaded = await JsonlSessionPersistence(tmp_path).load("s")
     assert loaded.events == session.events
+
+
+class FirstDirectorySyncFails(OsFiles):
+    """The real file layer, except that the first directory fsync fails (``EIO``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced: list[Path] = []
+
+    def fsync_dir(self, path: Path) -> None:
+        if not self.synced:
+            self.synced.append(path)
+            raise OSError(errno.EIO, "Input/output error (injected)", str(path))
+        super().fsync_dir(path)
+        self.synced.append(path)
+
+
+@pytest.mark.anyio
+async def test_a_directory_whose_creation_was_not_made_durable_is_made_durable_later(
+    tmp_path: Path,
+) -> None:
+    """A failed directory fsync may have dropped the new entry for good (as a failed file
+    fsync may drop its pages): the next attempt must create and sync it again, or a power loss
+    takes the whole session, acknowledged events included, with it.
+
+    The first attempt used to leave the directory behind; the next saw it, skipped it, and
+    never synced its parent again.
+    """
+    root = tmp_path / "root"
+    files = FirstDirectorySyncFails()
+    backend = JsonlSessionPersistence(root, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("s")
+        session.append("note", {})
+        with pytest.raises(OSError, match="injected"):
+            await host.sessions.flush(session)
+        await host.sessions.flush(session)
+    assert files.synced[0] == tmp_path  # the failed sync of the root's new entry
+    assert files.synced[1:].count(tmp_path) == 1  # synced again, successfully
+    loaded = await JsonlSessionPersistence(root).load("s")
+    assert loaded.events == session.events

@@ -7,6 +7,7 @@ simulated crash. Methods block; the backend calls them from worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -47,7 +48,14 @@ class OsFiles:
                 os.mkdir(directory, _DIR_MODE)
             except FileExistsError:
                 continue
-            self.fsync_dir(directory.parent)
+            try:
+                self.fsync_dir(directory.parent)
+            except BaseException:
+                # The entry may never reach the disk; leave nothing that would make the next
+                # attempt skip the directory, and so its sync.
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+                raise
         if path.is_symlink() or not path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
 
