@@ -18,7 +18,13 @@ if TYPE_CHECKING:
 
     from kai_session_checkpoint_policy.persistence import StoredLog
 
-__all__ = ["Expected", "check_recovery", "decode_event", "transcript_problems"]
+__all__ = [
+    "Expected",
+    "check_recovery",
+    "decode_event",
+    "dispatch_problems",
+    "transcript_problems",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +186,21 @@ def check_recovery(
     elif reloaded.events != events or reloaded.repair:
         problems.append("recovery is not idempotent: a second load gives another log")
     return problems
+
+
+def dispatch_problems(points: Sequence[str]) -> list[str]:
+    """Boundaries that dispatched although their checkpoint failed (fail-closed is broken).
+
+    *points* are the instrumented points of a run (``"<label>: <what>"``). After
+    ``"<label>: flush-failed"``, ``<label>`` must not reach ``adapter-start`` (a model request)
+    or ``body-start`` (a tool body); after a failed pre-step checkpoint, the step must not send
+    its request.
+    """
+    suffix = ": flush-failed"
+    failed = {name.removesuffix(suffix) for name in points if name.endswith(suffix)}
+    blocked = failed | {label.replace(" pre-step ", " request ") for label in failed}
+    return [
+        f"{label} dispatched although its checkpoint failed"
+        for label, _, what in (name.rpartition(": ") for name in points)
+        if what in ("adapter-start", "body-start") and label in blocked
+    ]

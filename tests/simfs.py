@@ -21,9 +21,10 @@ Crash images (:func:`crash_images`)
 
 Faults (:class:`FaultPlan`)
     The *nth* call of one kind of operation fails, once or from then on. A failed write first
-    writes half of its data (a short write, then the error). A failed fsync leaves an arbitrary
-    prefix of the pending operations on disk and marks the rest clean, as Linux does: a later
-    fsync does not write them again (PostgreSQL's "fsyncgate").
+    writes half of its data (a short write, then the error). A failed fsync (of a file or of a
+    directory) leaves nothing (even *seed*) or an arbitrary prefix (odd *seed*) of the pending
+    changes on disk and marks the rest clean, as Linux does: a later fsync does not write them
+    again (PostgreSQL's "fsyncgate").
 
 The backend also asks the real file system whether paths exist; the layer therefore mirrors its
 namespace (not its bytes) as empty files and directories under the real *base* directory.
@@ -34,28 +35,51 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
+import tempfile
 import threading
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
-from kai_session_checkpoint_policy.persistence import LockedError, OsFiles
+import anyio
+
+from kai_session_checkpoint_policy.persistence import (
+    CorruptLogError,
+    JsonlSessionPersistence,
+    LockedError,
+    OsFiles,
+    SessionNotFoundError,
+    StoredLog,
+)
+
+from .crash_child import MemoryRecorder, Workload, run_workload
+from .invariants import Expected, check_recovery
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
 
 __all__ = [
     "DIR",
     "FAULT_KINDS",
+    "STORE",
     "CrashImage",
+    "Explorer",
     "FaultPlan",
     "Mirror",
+    "RecordingOs",
     "SimFiles",
     "SimState",
     "crash_images",
+    "durable_image_of",
+    "explore",
     "materialize",
+    "normalized",
 ]
+
+T = TypeVar("T")
 
 DIR: Final = -1
 """The node of a directory entry; files are numbered from 0."""
@@ -196,7 +220,7 @@ class SimFiles(OsFiles):
     :param image: The durable contents to start from (default: nothing but *base*).
     :param mirror: The mirror of *base* to reuse (it must be the only writer under *base*).
     :param seed: Seeds the garbage and the partial persistence of a failed fsync.
-    :param fault: The fault to inject, if any.
+    :param faults: The faults to inject.
     :param record: Keep a :class:`SimState` after every change, for :func:`crash_images`.
     """
 
@@ -207,13 +231,14 @@ class SimFiles(OsFiles):
         image: CrashImage | None = None,
         mirror: Mirror | None = None,
         seed: int = 0,
-        fault: FaultPlan | None = None,
+        faults: Sequence[FaultPlan] = (),
         record: bool = False,
     ) -> None:
         super().__init__()
         self.base: Final = base
         self.mirror: Final = Mirror(base) if mirror is None else mirror
-        self.fault = fault
+        self.faults = tuple(faults)
+        self.seed = seed
         self.rng = random.Random(seed)
         self.clock = 0
         """The number of changes made so far; :attr:`states` ``[i]`` follows change ``i``."""
@@ -272,6 +297,11 @@ class SimFiles(OsFiles):
         with self._lock:
             return self.clock
 
+    def cache_image(self) -> CrashImage:
+        """What a process crash right now would leave: everything written, synced or not."""
+        with self._lock:
+            return _image(self._names, {n: f.cache for n, f in self._files.items()})
+
     def durable_image(self) -> CrashImage:
         """What a power loss right now would leave if no pending change reached the disk."""
         with self._lock:
@@ -288,13 +318,22 @@ class SimFiles(OsFiles):
 
     def _check(self, kind: FaultKind, path: str) -> None:
         count = self._counts.ops[kind] = self._counts.ops.get(kind, 0) + 1
-        fault = self.fault
-        if fault is None or fault.kind != kind:
-            return
-        if count == fault.nth or (fault.persistent and count > fault.nth):
-            self._counts.injected += 1
-            code = _FAULT_ERRNO[kind]
-            raise OSError(code, f"{os.strerror(code)} (injected: {kind} #{count})", path)
+        for fault in self.faults:
+            if fault.kind == kind and (
+                count == fault.nth or (fault.persistent and count > fault.nth)
+            ):
+                self._counts.injected += 1
+                code = _FAULT_ERRNO[kind]
+                raise OSError(code, f"{os.strerror(code)} (injected: {kind} #{count})", path)
+
+    def _survivors(self, pending: tuple[T, ...]) -> tuple[T, ...]:
+        """What of *pending* a failed sync got to the disk; the rest is lost, and clean.
+
+        With an even seed, nothing; with an odd seed, an arbitrary prefix.
+        """
+        if self.seed % 2 == 0:
+            return ()
+        return pending[: self.rng.randint(0, len(pending))]
 
     def _entry(self, path: str, node: int | None) -> None:
         parent = _parent(path)
@@ -341,7 +380,13 @@ class SimFiles(OsFiles):
                 self._check("mkdir", directory)
                 self._entry(directory, DIR)
                 self._changed()
-                self._fsync_dir_locked(_parent(directory))
+                try:
+                    self._fsync_dir_locked(_parent(directory))
+                except OSError:
+                    self.trace.append(("rmdir", directory))
+                    self._entry(directory, None)
+                    self._changed()
+                    raise
             if self._names.get(rel) != DIR:
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
 
@@ -356,8 +401,7 @@ class SimFiles(OsFiles):
         try:
             self._check("fsync_dir", rel)
         except OSError:
-            # Some arbitrary prefix of the changes reached the disk; the rest is lost for good.
-            for path, node in pending[: self.rng.randint(0, len(pending))]:
+            for path, node in self._survivors(pending):
                 _change(self._disk_names, path, node)
             self._changed()
             raise
@@ -466,7 +510,7 @@ class SimFiles(OsFiles):
             try:
                 self._check("fsync", handle.path)
             except OSError:
-                kept = state.pending[: self.rng.randint(0, len(state.pending))]
+                kept = self._survivors(state.pending)
                 self._files[handle.node] = FileState(state.cache, _apply_all(state.disk, kept))
                 self._changed()
                 raise
@@ -611,3 +655,280 @@ def materialize(image: CrashImage, directory: Path) -> None:
             target.mkdir()
         else:
             target.write_bytes(content)
+
+
+# -- the real layer, recorded ------------------------------------------------------------------
+
+
+class RecordingOs:
+    """Stands in for :mod:`os` inside the real file layer: notes each call, may fail one.
+
+    Install it as the ``os`` of :mod:`kai_session_checkpoint_policy.persistence.files` (with
+    ``monkeypatch``); its :attr:`trace` then compares with :attr:`SimFiles.trace`, and *faults*
+    fail the same operations the same way (a failing write writes half of its data first).
+    """
+
+    def __init__(self, base: Path, faults: Sequence[FaultPlan] = ()) -> None:
+        self.base = base
+        self.trace: list[tuple[str, str]] = []
+        self._paths: dict[int, tuple[str, bool]] = {}
+        self._faults = tuple(faults)
+        self._counts: dict[str, int] = {}
+
+    def _check(self, kind: FaultKind, path: str) -> None:
+        count = self._counts[kind] = self._counts.get(kind, 0) + 1
+        for fault in self._faults:
+            if fault.kind == kind and (
+                count == fault.nth or (fault.persistent and count > fault.nth)
+            ):
+                code = _FAULT_ERRNO[kind]
+                raise OSError(code, f"{os.strerror(code)} (injected: {kind} #{count})", path)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def _rel(self, path: str | os.PathLike[str]) -> str:
+        rel = Path(path).relative_to(self.base).as_posix()
+        return "" if rel == "." else rel
+
+    def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
+        rel, directory = self._rel(path), bool(flags & os.O_DIRECTORY)
+        if not directory:
+            if flags & os.O_EXCL:
+                kind = "create"
+            elif flags & os.O_CREAT:
+                kind = "open-lock"
+            elif flags & os.O_APPEND:
+                kind = "open-append"
+            else:
+                kind = "open-read"
+            self.trace.append((kind, rel))
+            self._check("open", rel)
+        fd = os.open(path, flags, mode)
+        self._paths[fd] = (rel, directory)
+        return fd
+
+    def write(self, fd: int, data: bytes) -> int:
+        rel = self._paths[fd][0]
+        self.trace.append(("write", rel))
+        try:
+            self._check("write", rel)
+        except OSError:
+            os.write(fd, bytes(data[: len(data) // 2]))
+            raise
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        rel, directory = self._paths[fd]
+        self.trace.append(("fsync_dir" if directory else "fsync", rel))
+        self._check("fsync_dir" if directory else "fsync", rel)
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        self.trace.append(("truncate", self._paths[fd][0]))
+        self._check("truncate", self._paths[fd][0])
+        os.ftruncate(fd, size)
+
+    def mkdir(self, path: str | os.PathLike[str], mode: int = 0o777) -> None:
+        self.trace.append(("mkdir", self._rel(path)))
+        self._check("mkdir", self._rel(path))
+        os.mkdir(path, mode)
+
+    def rmdir(self, path: str | os.PathLike[str]) -> None:
+        self.trace.append(("rmdir", self._rel(path)))
+        os.rmdir(path)
+
+    def link(self, source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        self.trace.append(("link", self._rel(target)))
+        self._check("link", self._rel(target))
+        os.link(source, target)
+
+
+def normalized(trace: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Temporary names are random in the real layer; ``unlink`` goes through :mod:`pathlib`."""
+    return [
+        (kind, re.sub(r"\.[0-9a-f]{12}\.tmp$", ".TMP", path))
+        for kind, path in trace
+        if kind != "unlink"
+    ]
+
+
+# -- recovering crash images -------------------------------------------------------------------
+
+STORE: Final = "store"
+"""The backend's root, relative to the simulated base."""
+CROSS_CHECK_EVERY: Final = 40
+
+
+def durable_image_of(state: SimState) -> CrashImage:
+    """The image a power loss at *state* leaves when no pending change reached the disk."""
+    return _image(state.disk_names, {node: file.disk for node, file in state.files.items()})
+
+
+class Explorer:
+    """Recovers the crash images of one workload run and checks each; counts what it did.
+
+    Each image is recovered under the same real directory (only the names that differ from the
+    previous image are touched there) by a fresh backend on a :class:`SimFiles` holding the
+    image; the same layer then loses everything recovery left unsynced, and a second fresh
+    backend loads the sessions again: recovery must have been durable and must not change
+    anything the second time.
+    """
+
+    def __init__(self, base: Path, recorder: MemoryRecorder, *, sectors: bool = False) -> None:
+        self.base = base
+        self.mirror = Mirror(base)
+        self.recorder = recorder
+        self.sectors = sectors
+        self.seen: set[tuple[tuple[str, bytes | None], ...]] = set()
+        self.images = 0
+        self.checks = 0
+        self.tolerated = 0
+        self.violations: list[str] = []
+        self.samples: list[tuple[CrashImage, dict[str, StoredLog | None]]] = []
+        self.recoveries: list[
+            tuple[CrashImage, dict[str, Expected], list[SimState], dict[str, StoredLog | None]]
+        ] = []
+        """Images whose recovery changed something: the image, what its crash must keep, the
+        states of its recovery, and the recovered logs."""
+
+    def expected(self, clock: int) -> dict[str, Expected]:
+        """What a crash after change *clock* of the live run must preserve, by session."""
+        recorder = self.recorder
+        return {
+            session_id: Expected(
+                tuple(events),
+                recorder.acknowledged_at(session_id, clock),
+                recorder.started_at(session_id, clock),
+            )
+            for session_id, events in recorder.events.items()
+        }
+
+    async def load_all(self, sim: SimFiles) -> dict[str, StoredLog | CorruptLogError | None]:
+        backend = JsonlSessionPersistence(self.base / STORE, files=sim)
+        loaded: dict[str, StoredLog | CorruptLogError | None] = {}
+        for session_id in self.recorder.events:
+            try:
+                loaded[session_id] = await backend.load(session_id)
+            except SessionNotFoundError:
+                loaded[session_id] = None
+            except CorruptLogError as exc:
+                loaded[session_id] = exc
+        return loaded
+
+    async def check(
+        self,
+        image: CrashImage,
+        expected: dict[str, Expected],
+        how: str,
+        *,
+        exact: dict[str, StoredLog | None] | None = None,
+    ) -> None:
+        """Recover every session from *image*, load it again, and check both loads.
+
+        With *exact*, the recovered logs must also equal those (a recovery that was itself
+        interrupted must end where an uninterrupted one did).
+        """
+        key = tuple(sorted(image.items()))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.images += 1
+        sim = SimFiles(self.base, image=image, mirror=self.mirror, record=True)
+        first = await self.load_all(sim)
+        states = list(sim.states)
+        sim.lose_unsynced()
+        second = await self.load_all(sim)
+        recovered_logs: dict[str, StoredLog | None] = {}
+        for session_id, recovered in first.items():
+            self.checks += 1
+            where = f"{how}, session {session_id}"
+            if isinstance(recovered, CorruptLogError):
+                if self.sectors and recovered.line - 2 >= expected[session_id].acknowledged:
+                    self.tolerated += 1  # reordered sectors of an unacknowledged batch
+                else:
+                    self.violations.append(f"{where}: {recovered}")
+                continue
+            reloaded = second[session_id]
+            if isinstance(reloaded, CorruptLogError):
+                self.violations.append(f"{where}: the second load failed: {reloaded}")
+                continue
+            found = check_recovery(recovered, reloaded, expected[session_id])
+            wanted = None if exact is None else exact.get(session_id)
+            if wanted is not None and recovered is not None and recovered.events != wanted.events:
+                found.append("an interrupted recovery ends elsewhere than an uninterrupted one")
+            self.violations += [f"{where}: {problem}" for problem in found]
+            recovered_logs[session_id] = recovered
+        if exact is None and len(states) > 1:
+            self.recoveries.append((image, expected, states, recovered_logs))
+        if self.images % CROSS_CHECK_EVERY == 1:
+            self.samples.append((image, recovered_logs))
+
+    async def cross_check(self, scratch: Path) -> int:
+        """Recover sampled images again on the real file system; the results must agree."""
+        for index, (image, simulated) in enumerate(self.samples):
+            directory = scratch / f"real-{index}"
+            directory.mkdir()
+            materialize(image, directory)
+            backend = JsonlSessionPersistence(directory / STORE)
+            for session_id, expected in simulated.items():
+                try:
+                    real: StoredLog | None = await backend.load(session_id)
+                except SessionNotFoundError:
+                    real = None
+                if expected is None or real is None:
+                    agree = expected is real
+                else:
+                    agree = (real.events, real.repair) == (expected.events, expected.repair)
+                if not agree:
+                    self.violations.append(f"real recovery of sample {index} differs: {real}")
+        return len(self.samples)
+
+    async def explore(self, states: list[SimState], seed: int) -> None:
+        """Check every image of every state, the latest state first (it expects the most)."""
+        for state in reversed(states):
+            expected = self.expected(state.clock)
+            for how, image in crash_images(state, seed, sectors=self.sectors):
+                await self.check(image, expected, f"{how}, after change {state.clock}")
+
+    @staticmethod
+    def as_written(
+        expected: dict[str, Expected], recovered: dict[str, StoredLog | None]
+    ) -> dict[str, Expected]:
+        """What a crash *during* a recovery must keep: recovery's own closers count as written,
+        so a later recovery may keep any prefix of them."""
+        result = {}
+        for session_id, want in expected.items():
+            log = recovered.get(session_id)
+            events = want.written if log is None else log.events
+            result[session_id] = Expected(events, want.acknowledged, want.started)
+        return result
+
+    async def explore_recovery(self, count: int, seed: int) -> None:
+        """Crash the first *count* recoveries that changed something, after every change.
+
+        A recovery that was interrupted and run again must end with the same log.
+        """
+        for _, expected, states, recovered in self.recoveries[:count]:
+            as_written = self.as_written(expected, recovered)
+            for state in reversed(states):
+                for how, image in crash_images(state, seed):
+                    how = f"recovery crashed after change {state.clock}: {how}"
+                    await self.check(image, as_written, how, exact=recovered)
+
+
+def explore(workload: Workload, seed: int, backend: str, *, sectors: bool = False) -> Explorer:
+    """Run *workload* on a recording layer, then recover and check every crash image."""
+    with tempfile.TemporaryDirectory() as scratch:
+        live, recover = Path(scratch) / "live", Path(scratch) / "recover"
+        live.mkdir()
+        recover.mkdir()
+        sim = SimFiles(live, seed=seed, record=True)
+        recorder = MemoryRecorder(clock=sim.now)
+        run = partial(run_workload, workload, live / STORE, recorder, files=sim)
+        assert anyio.run(run, backend=backend) is None
+        explorer = Explorer(recover, recorder, sectors=sectors)
+        anyio.run(explorer.explore, sim.states, seed)
+        anyio.run(explorer.explore_recovery, 2, seed)
+        anyio.run(explorer.cross_check, Path(scratch))
+    return explorer

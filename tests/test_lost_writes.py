@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
-import tempfile
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -31,8 +29,6 @@ from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     JsonlSessionPersistence,
     OsFiles,
-    SessionNotFoundError,
-    StoredLog,
 )
 from kai_session_checkpoint_policy.persistence import files as files_module
 
@@ -48,173 +44,11 @@ from .crash_child import (
     Workload,
     run_workload,
 )
-from .invariants import Expected, check_recovery
-from .simfs import CrashImage, Mirror, SimFiles, SimState, crash_images, materialize
+from .simfs import STORE, RecordingOs, SimFiles, explore, materialize, normalized
 from .strategies import workloads
 
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 EXAMPLES: Final = 200 if LONG else 12
-STORE: Final = "store"
-CROSS_CHECK_EVERY: Final = 40
-
-
-class Explorer:
-    """Recovers the crash images of one workload run and checks each; counts what it did.
-
-    Each image is recovered under the same real directory (only the names that differ from the
-    previous image are touched there) by a fresh backend on a :class:`SimFiles` holding the
-    image; the same layer then loses everything recovery left unsynced, and a second fresh
-    backend loads the sessions again: recovery must have been durable and must not change
-    anything the second time.
-    """
-
-    def __init__(self, base: Path, recorder: MemoryRecorder, *, sectors: bool = False) -> None:
-        self.base = base
-        self.mirror = Mirror(base)
-        self.recorder = recorder
-        self.sectors = sectors
-        self.seen: set[tuple[tuple[str, bytes | None], ...]] = set()
-        self.images = 0
-        self.checks = 0
-        self.tolerated = 0
-        self.violations: list[str] = []
-        self.samples: list[tuple[CrashImage, dict[str, StoredLog | None]]] = []
-        self.recoveries: list[
-            tuple[dict[str, Expected], list[SimState], dict[str, StoredLog | None]]
-        ] = []
-
-    def expected(self, clock: int) -> dict[str, Expected]:
-        """What a crash after change *clock* of the live run must preserve, by session."""
-        recorder = self.recorder
-        return {
-            session_id: Expected(
-                tuple(events),
-                recorder.acknowledged_at(session_id, clock),
-                recorder.started_at(session_id, clock),
-            )
-            for session_id, events in recorder.events.items()
-        }
-
-    async def _load_all(self, sim: SimFiles) -> dict[str, StoredLog | CorruptLogError | None]:
-        backend = JsonlSessionPersistence(self.base / STORE, files=sim)
-        loaded: dict[str, StoredLog | CorruptLogError | None] = {}
-        for session_id in self.recorder.events:
-            try:
-                loaded[session_id] = await backend.load(session_id)
-            except SessionNotFoundError:
-                loaded[session_id] = None
-            except CorruptLogError as exc:
-                loaded[session_id] = exc
-        return loaded
-
-    async def check(
-        self,
-        image: CrashImage,
-        expected: dict[str, Expected],
-        how: str,
-        *,
-        exact: dict[str, StoredLog | None] | None = None,
-    ) -> None:
-        """Recover every session from *image*, load it again, and check both loads.
-
-        With *exact*, the recovered logs must also equal those (a recovery that was itself
-        interrupted must end where an uninterrupted one did).
-        """
-        key = tuple(sorted(image.items()))
-        if key in self.seen:
-            return
-        self.seen.add(key)
-        self.images += 1
-        sim = SimFiles(self.base, image=image, mirror=self.mirror, record=True)
-        first = await self._load_all(sim)
-        states = list(sim.states)
-        sim.lose_unsynced()
-        second = await self._load_all(sim)
-        recovered_logs: dict[str, StoredLog | None] = {}
-        for session_id, recovered in first.items():
-            self.checks += 1
-            where = f"{how}, session {session_id}"
-            if isinstance(recovered, CorruptLogError):
-                if self.sectors and recovered.line - 2 >= expected[session_id].acknowledged:
-                    self.tolerated += 1  # reordered sectors of an unacknowledged batch
-                else:
-                    self.violations.append(f"{where}: {recovered}")
-                continue
-            reloaded = second[session_id]
-            if isinstance(reloaded, CorruptLogError):
-                self.violations.append(f"{where}: the second load failed: {reloaded}")
-                continue
-            found = check_recovery(recovered, reloaded, expected[session_id])
-            wanted = None if exact is None else exact.get(session_id)
-            if wanted is not None and recovered is not None and recovered.events != wanted.events:
-                found.append("an interrupted recovery ends elsewhere than an uninterrupted one")
-            self.violations += [f"{where}: {problem}" for problem in found]
-            recovered_logs[session_id] = recovered
-        if exact is None and len(states) > 1:
-            self.recoveries.append((expected, states, recovered_logs))
-        if self.images % CROSS_CHECK_EVERY == 1:
-            self.samples.append((image, recovered_logs))
-
-    async def cross_check(self, scratch: Path) -> int:
-        """Recover sampled images again on the real file system; the results must agree."""
-        for index, (image, simulated) in enumerate(self.samples):
-            directory = scratch / f"real-{index}"
-            directory.mkdir()
-            materialize(image, directory)
-            backend = JsonlSessionPersistence(directory / STORE)
-            for session_id, expected in simulated.items():
-                try:
-                    real: StoredLog | None = await backend.load(session_id)
-                except SessionNotFoundError:
-                    real = None
-                if expected is None or real is None:
-                    agree = expected is real
-                else:
-                    agree = (real.events, real.repair) == (expected.events, expected.repair)
-                if not agree:
-                    self.violations.append(f"real recovery of sample {index} differs: {real}")
-        return len(self.samples)
-
-    async def explore(self, states: list[SimState], seed: int) -> None:
-        """Check every image of every state, the latest state first (it expects the most)."""
-        for state in reversed(states):
-            expected = self.expected(state.clock)
-            for how, image in crash_images(state, seed, sectors=self.sectors):
-                await self.check(image, expected, f"{how}, after change {state.clock}")
-
-    async def explore_recovery(self, count: int, seed: int) -> None:
-        """Crash the first *count* recoveries that changed something, after every change.
-
-        Recovery's own closers then count as written: a second recovery may keep any prefix
-        of them, and must end with the same log.
-        """
-        for expected, states, recovered in self.recoveries[:count]:
-            as_written = {}
-            for session_id, want in expected.items():
-                log = recovered.get(session_id)
-                events = want.written if log is None else log.events
-                as_written[session_id] = Expected(events, want.acknowledged, want.started)
-            for state in reversed(states):
-                for how, image in crash_images(state, seed):
-                    how = f"recovery crashed after change {state.clock}: {how}"
-                    await self.check(image, as_written, how, exact=recovered)
-
-
-def explore(workload: Workload, seed: int, backend: str, *, sectors: bool = False) -> Explorer:
-    """Run *workload* on a recording layer, then recover and check every crash image."""
-    with tempfile.TemporaryDirectory() as scratch:
-        live, recover = Path(scratch) / "live", Path(scratch) / "recover"
-        live.mkdir()
-        recover.mkdir()
-        sim = SimFiles(live, seed=seed, record=True)
-        recorder = MemoryRecorder(clock=sim.now)
-        run = partial(run_workload, workload, live / STORE, recorder, files=sim)
-        assert anyio.run(run, backend=backend) is None
-        explorer = Explorer(recover, recorder, sectors=sectors)
-        anyio.run(explorer.explore, sim.states, seed)
-        anyio.run(explorer.explore_recovery, 2, seed)
-        anyio.run(explorer.cross_check, Path(scratch))
-    return explorer
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -256,68 +90,6 @@ def test_reordered_sectors_never_cost_an_acknowledged_event(
 
 
 # -- the simulated layer against the real one --------------------------------------------------
-
-
-class RecordingOs:
-    """Stands in for :mod:`os` inside the real file layer and notes each call it makes."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.trace: list[tuple[str, str]] = []
-        self._paths: dict[int, tuple[str, bool]] = {}
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(os, name)
-
-    def _rel(self, path: str | os.PathLike[str]) -> str:
-        rel = Path(path).relative_to(self.base).as_posix()
-        return "" if rel == "." else rel
-
-    def open(self, path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
-        fd = os.open(path, flags, mode)
-        rel, directory = self._rel(path), bool(flags & os.O_DIRECTORY)
-        self._paths[fd] = (rel, directory)
-        if not directory:
-            if flags & os.O_EXCL:
-                kind = "create"
-            elif flags & os.O_CREAT:
-                kind = "open-lock"
-            elif flags & os.O_APPEND:
-                kind = "open-append"
-            else:
-                kind = "open-read"
-            self.trace.append((kind, rel))
-        return fd
-
-    def write(self, fd: int, data: bytes) -> int:
-        self.trace.append(("write", self._paths[fd][0]))
-        return os.write(fd, data)
-
-    def fsync(self, fd: int) -> None:
-        rel, directory = self._paths[fd]
-        self.trace.append(("fsync_dir" if directory else "fsync", rel))
-        os.fsync(fd)
-
-    def ftruncate(self, fd: int, size: int) -> None:
-        self.trace.append(("truncate", self._paths[fd][0]))
-        os.ftruncate(fd, size)
-
-    def mkdir(self, path: str | os.PathLike[str], mode: int = 0o777) -> None:
-        self.trace.append(("mkdir", self._rel(path)))
-        os.mkdir(path, mode)
-
-    def link(self, source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-        self.trace.append(("link", self._rel(target)))
-        os.link(source, target)
-
-
-def normalized(trace: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Temporary names are random in the real layer; ``unlink`` goes through :mod:`pathlib`."""
-    return [
-        (kind, re.sub(r"\.[0-9a-f]{12}\.tmp$", ".TMP", path))
-        for kind, path in trace
-        if kind != "unlink"
-    ]
 
 
 CONFORMANCE: Final = Workload(
