@@ -1,0 +1,389 @@
+"""Bad input, end to end: each is refused with a clear error, and nothing on disk changes.
+
+Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
+their committed region, a truncated header, a header from a newer release, a log that is a
+symbolic link out of the root, and a second process writing a session another one holds.
+Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
+the tool body that depended on it does not run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import pytest
+from hypothesis import given, settings
+
+from kai_session_checkpoint_policy import (
+    Agent,
+    EventDataError,
+    Host,
+    Session,
+    SessionEvent,
+    policy,
+)
+from kai_session_checkpoint_policy.persistence import (
+    CorruptLogError,
+    InvalidSessionIdError,
+    JsonlSessionPersistence,
+    PersistenceError,
+    SessionLockedError,
+    UnsupportedFormatError,
+    encode_session_id,
+)
+
+from .crash_child import (
+    CRASH_SESSION,
+    CRASH_TURN,
+    PROVIDER,
+    Flush,
+    MemoryRecorder,
+    ScriptedModel,
+    SessionPlan,
+    Step,
+    Workload,
+    run_workload,
+)
+from .strategies import json_values, lossy_values, session_ids
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kai_session_checkpoint_policy import JSON, TurnOutcome
+
+LOG: Final = "session.jsonl"
+SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
+
+
+def tree(directory: Path, *, locks: bool = True) -> dict[str, bytes | None]:
+    """Every path under *directory* (symbolic links not followed), with file contents.
+
+    Without *locks*, the (empty) lock files a refused writer may leave are not listed.
+    """
+    found: dict[str, bytes | None] = {}
+    for path in sorted(directory.rglob("*")):
+        if not locks and path.name == "session.lock":
+            continue
+        relative = path.relative_to(directory).as_posix()
+        if path.is_symlink():
+            found[relative] = f"-> {os.readlink(path)}".encode()
+        else:
+            found[relative] = path.read_bytes() if path.is_file() else None
+    return found
+
+
+def stored(root: Path, session_id: str = "s") -> tuple[Path, list[SessionEvent]]:
+    """A log of two complete turns written through the host; its path and its events."""
+    recorder = MemoryRecorder()
+    workload = Workload((SessionPlan(session_id, (CRASH_TURN, SECOND_TURN, Flush())),))
+    assert anyio.run(run_workload, workload, root, recorder) is None
+    return root / encode_session_id(session_id) / LOG, recorder.events[session_id]
+
+
+async def resume_turn(root: Path, session_id: str, seed: list[SessionEvent]) -> TurnOutcome:
+    """Resume the stored session for one more turn, whose first checkpoint must fail.
+
+    Closing the host drains the session again, which fails the same way.
+    """
+    model = ScriptedModel(MemoryRecorder())
+    host = Host([JsonlSessionPersistence(root), policy], autoload=False)
+    host.llm.register_adapter(PROVIDER, model)
+    outcomes: list[TurnOutcome] = []
+
+    async def turn() -> None:
+        async with host:
+            session = host.sessions.create(session_id, seed=seed)
+            model.start_turn(session_id, (Step(("unreachable",)),))
+            agent = Agent(host, session, provider=PROVIDER, model="m")
+            outcomes.append(await agent.run_turn("again"))
+
+    with pytest.raises(PersistenceError) as closing:
+        await turn()
+    (outcome,) = outcomes
+    assert type(closing.value) is type(outcome.error)
+    assert model.steps[session_id], "the model was asked although the checkpoint failed"
+    return outcome
+
+
+# -- session ids -----------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(session_id=session_ids())
+def test_any_id_names_one_directory_under_the_root(session_id: str) -> None:
+    """Separators, ``.``, ``..``, NUL, backslashes and surrogates are escaped, never followed."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch) / "root"
+        refused: InvalidSessionIdError | None = None
+        try:
+            escaped = encode_session_id(session_id)
+        except InvalidSessionIdError as exc:
+            refused = exc
+        if refused is not None:
+            assert "session id is too long" in str(refused)
+            return
+        path, written = stored(root, session_id)
+        assert path == root / escaped / LOG
+        assert all(not name.startswith("..") for name in tree(Path(scratch)))
+        assert set(tree(Path(scratch))) <= {"root", f"root/{escaped}"} | {
+            f"root/{escaped}/{name}" for name in (LOG, "session.lock")
+        }
+        backend = JsonlSessionPersistence(root)
+        assert [header.id for header in anyio.run(backend.list_sessions)] == [session_id]
+        assert list(anyio.run(backend.load, session_id).events) == written
+
+
+@pytest.mark.parametrize(
+    "session_id", ["../../outside", "..", ".", "a/b/../c", "/etc/passwd", "nul\0byte", "c:\\x"]
+)
+def test_ids_that_look_like_paths_stay_inside_the_root(tmp_path: Path, session_id: str) -> None:
+    root = tmp_path / "root"
+    path, written = stored(root, session_id)
+    assert path.parent.parent == root
+    assert set(tree(tmp_path)) == {
+        "root",
+        f"root/{path.parent.name}",
+        f"root/{path.parent.name}/{LOG}",
+        f"root/{path.parent.name}/session.lock",
+    }
+    assert list(anyio.run(JsonlSessionPersistence(root).load, session_id).events) == written
+
+
+def test_an_id_too_long_for_a_file_name_fails_the_first_checkpoint(tmp_path: Path) -> None:
+    session_id = "x" * 5000
+    recorder = MemoryRecorder()
+    workload = Workload((SessionPlan(session_id, (CRASH_TURN,)),))
+    assert anyio.run(run_workload, workload, tmp_path / "root", recorder) is not None
+    assert f"{session_id} pre-step 1.1: flush-failed" in recorder.names()
+    assert not any(name.endswith("adapter-start") for name in recorder.names())
+    assert not (tmp_path / "root").exists() or tree(tmp_path / "root") == {}
+    with pytest.raises(InvalidSessionIdError, match=r"session id is too long: 5000 bytes"):
+        anyio.run(JsonlSessionPersistence(tmp_path / "root").load, session_id)
+
+
+def test_an_empty_id_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSessionIdError, match="must be a non-empty string, not ''"):
+        anyio.run(JsonlSessionPersistence(tmp_path).load, "")
+
+
+# -- event data ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"x": math.nan}, "data['x'] is nan"),
+        ({"x": [1, math.inf]}, "data['x'][1] is inf"),
+        ({"x": {1: "one"}}, "data['x'] has the non-string key 1"),
+        ({"x": b"bytes"}, "data['x'] is of type bytes"),
+        ({"x": (1, 2)}, "data['x'] is of type tuple"),
+        ({"x": {1, 2}}, "data['x'] is of type set"),
+    ],
+)
+def test_data_json_would_change_is_refused_naming_where(data: object, problem: str) -> None:
+    session = Session("s")
+    with pytest.raises(EventDataError) as refused:
+        session.append("note", data)
+    message = str(refused.value)
+    assert message.startswith("data of a 'note' event is not losslessly JSON-serializable: ")
+    assert problem in message
+    assert session.seq == 0
+
+
+def test_data_that_contains_itself_or_is_not_an_object_is_refused() -> None:
+    looped: dict[str, object] = {}
+    looped["self"] = looped
+    with pytest.raises(EventDataError, match=r"data\['self'\] contains itself"):
+        Session("s").append("note", looped)
+    with pytest.raises(EventDataError, match="must be a JSON object, not list"):
+        Session("s").append("note", [1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=lossy_values())
+def test_no_lossy_value_is_ever_admitted(value: object) -> None:
+    admitted: list[SessionEvent] = []
+    session = Session("s", on_append=lambda _, event: admitted.append(event))
+    with pytest.raises(EventDataError, match="not losslessly JSON-serializable"):
+        session.append("note", {"value": value})
+    assert session.seq == 0
+    assert admitted == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(value=json_values)
+def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+
+        async def write_and_load() -> tuple[SessionEvent, ...]:
+            async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+                session = host.sessions.create("s")
+                session.append("note", {"value": value})
+                await host.sessions.flush(session)
+            return (await JsonlSessionPersistence(root).load("s")).events
+
+        (event,) = anyio.run(write_and_load)
+        assert event.data == {"value": value}
+        assert json.dumps(event.data, sort_keys=True) == json.dumps(
+            {"value": value}, sort_keys=True
+        )
+
+
+# -- damaged logs ----------------------------------------------------------------------------
+
+
+DAMAGE: Final[dict[str, Callable[[bytes], bytes]]] = {
+    "garbage": lambda line: b"\x00\xffnot json at all",
+    "cut short": lambda line: line[: len(line) // 2],
+    "wrong seq": lambda line: line.replace(b'"seq":', b'"seq":1', 1),
+    "extra field": lambda line: line[:-1] + b',"extra":1}',
+    "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
+    tmp_path: Path, damage: str
+) -> None:
+    path, written = stored(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    line = 6  # an event of the first turn; both turns end later
+    lines[line - 1] = DAMAGE[damage](lines[line - 1])
+    path.write_bytes(b"\n".join(lines))
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(tmp_path)
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(CorruptLogError) as refused:
+            anyio.run(read, "s")
+        assert refused.value.path == path
+        assert refused.value.line == line
+        assert str(refused.value).startswith(f"corrupt session log {path}, line {line}: ")
+    outcome = anyio.run(resume_turn, tmp_path, "s", written)
+    assert isinstance(outcome.error, CorruptLogError)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("header", [b"", b'{"format":"kai-ses', b'{"format":"kai-session"'])
+def test_a_truncated_header_is_named(tmp_path: Path, header: bytes) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir()
+    (directory / LOG).write_bytes(header)
+    with pytest.raises(CorruptLogError, match=r", line 1: the header line is incomplete$"):
+        anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (directory / LOG).read_bytes() == header
+
+
+def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    data = path.read_bytes().replace(b'"version":1', b'"version":2', 1)
+    path.write_bytes(data)
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(tmp_path)
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(UnsupportedFormatError) as refused:
+            anyio.run(read, "s")
+        assert not isinstance(refused.value, CorruptLogError)
+        message = str(refused.value)
+        assert "version 2, newer than version 1" in message
+        assert "upgrade kai-session-checkpoint-policy" in message
+        assert str(path) in message
+    outcome = anyio.run(resume_turn, tmp_path, "s", written)
+    assert isinstance(outcome.error, UnsupportedFormatError)
+    assert tree(tmp_path) == before
+
+
+# -- symbolic links --------------------------------------------------------------------------
+
+
+def test_a_log_that_links_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
+    outside, written = stored(tmp_path / "elsewhere")
+    root = tmp_path / "root"
+    (root / "s").mkdir(parents=True)
+    (root / "s" / LOG).symlink_to(outside)
+    before = tree(tmp_path, locks=False)
+    backend = JsonlSessionPersistence(root)
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(PersistenceError, match="is a symbolic link; refusing to follow it"):
+            anyio.run(read, "s")
+    outcome = anyio.run(resume_turn, root, "s", written)
+    assert isinstance(outcome.error, PersistenceError)
+    assert "symbolic link" in str(outcome.error)
+    assert tree(tmp_path, locks=False) == before
+
+
+def test_a_session_directory_that_links_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
+    outside, written = stored(tmp_path / "elsewhere")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "s").symlink_to(outside.parent, target_is_directory=True)
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(root)
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(InvalidSessionIdError, match="is a symbolic link; refusing to follow"):
+            anyio.run(read, "s")
+    assert anyio.run(backend.list_sessions) == []
+    outcome = anyio.run(resume_turn, root, "s", written)
+    assert isinstance(outcome.error, InvalidSessionIdError)
+    assert tree(tmp_path) == before
+
+
+# -- two writers -----------------------------------------------------------------------------
+
+
+CHILD: Final = Path(__file__).with_name("crash_child.py")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file locks")
+def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> None:
+    """A child process writes the session and holds it; this process then tries to write it."""
+    root, trace, marker = tmp_path / "root", tmp_path / "trace", tmp_path / "marker"
+    trace.mkdir()
+    marker.write_bytes(b"")
+    holding = "crash pre-step 1.1: flush-after"  # its first batch is written; it keeps going
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), str(trace), str(root), "--point", holding, "--marker", marker],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while marker.read_text() != holding:
+            assert child.poll() is None, "the child exited"
+            assert time.monotonic() < deadline, "the child never took the session"
+            time.sleep(0.01)  # polling the marker's content is the handshake
+        before = tree(root)
+
+        refusals: list[Exception] = []
+
+        async def second_writer() -> None:
+            async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+                session = host.sessions.create(CRASH_SESSION)
+                session.append("turn/start", {"turn": 1})
+                try:
+                    await host.sessions.flush(session)
+                except SessionLockedError as exc:
+                    refusals.append(exc)
+
+        with pytest.raises(SessionLockedError):  # closing the host tries once more
+            anyio.run(second_writer)
+        (refusal,) = refusals
+        assert f"session {CRASH_SESSION!r} is being written by another process" in str(refusal)
+        with pytest.raises(SessionLockedError):
+            anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
+        assert tree(root) == before
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    recovered = anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
+    assert recovered.events[-1].type == "turn/end"
