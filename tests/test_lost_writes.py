@@ -48,7 +48,7 @@ from .simfs import STORE, RecordingOs, SimFiles, explore, materialize, normalize
 from .strategies import workloads
 
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
-EXAMPLES: Final = 200 if LONG else 12
+EXAMPLES: Final = 200 if LONG else 8
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
