@@ -283,6 +283,11 @@ class SimFiles(OsFiles):
         """How many faults were injected."""
         return self._counts.injected
 
+    def open_handles(self) -> list[str]:
+        """The files that are open (each once per handle), locks included."""
+        with self._lock:
+            return sorted(handle.path for handle in self._handles.values())
+
     def snapshot(self) -> SimState:
         return SimState(
             self.clock,

@@ -6,8 +6,8 @@ and persistently, until a run completes without reaching that occurrence. Every 
 simulated layer, so after it the durable state at every moment and every crash image of its
 final state can be recovered and checked. Besides the recovery invariants, each run must be
 fail-closed: a boundary whose checkpoint failed never dispatched (no model request, no tool
-body), and, after a fault that happened once, the session becomes durable again at the next
-flush, without a restart.
+body), no file is left open once the host closed, and, after a fault that happened once, the
+session becomes durable again without a restart.
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def run_with_faults(
         run = partial(run_workload, workload, live / STORE, recorder, files=sim)
         closing = anyio.run(run, backend=backend)
         problems = dispatch_problems(recorder.names())
+        if sim.open_handles():
+            problems.append(f"files left open after the host closed: {sim.open_handles()}")
         explorer = Explorer(recover, recorder)
 
         async def check_every_moment() -> None:

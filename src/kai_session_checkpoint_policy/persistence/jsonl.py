@@ -394,9 +394,13 @@ class JsonlSessionPersistence:
                 "load the session with recovery before writing to it"
             )
         fd = self.files.open_append(log.path)
-        if log.suspect:
-            self.files.truncate(fd, log.size)
-            self.files.fsync(fd)
+        try:
+            if log.suspect:
+                self.files.truncate(fd, log.size)
+                self.files.fsync(fd)
+        except BaseException:
+            self.files.close(fd)
+            raise
         log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
 
     def _release(self, log: _Log) -> None:
