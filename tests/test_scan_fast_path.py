@@ -1,0 +1,105 @@
+"""The bulk decode in ``scan_log`` is only a fast path: it never changes what a scan finds.
+
+Every log, intact or damaged in any of the ways drawn here, must scan to exactly the same
+result (events, committed bytes, torn tail) or the same error as line-by-line decoding alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from kai_session_checkpoint_policy.events import SessionEvent, encode_data
+from kai_session_checkpoint_policy.persistence import format as log_format
+from kai_session_checkpoint_policy.persistence.errors import PersistenceError
+from kai_session_checkpoint_policy.persistence.format import SessionHeader, encode_header
+
+from .strategies import json_values
+
+PATH = Path("root/s/session.jsonl")
+
+event_types = st.sampled_from(["assistant/chunk", "tool/call", "turn/end", "x", "\u00e9/\u4e8b"])
+
+
+@st.composite
+def event_lines(draw: st.DrawFn) -> list[bytes]:
+    """The lines of an intact log's events, without their newlines."""
+    lines = []
+    for seq in range(draw(st.integers(0, 12))):
+        data = draw(st.dictionaries(st.text(max_size=3), json_values, max_size=3))
+        copy, encoded = encode_data("x", data)
+        event = SessionEvent(draw(event_types), seq, draw(st.integers(0, 2**53)), copy, encoded)
+        lines.append(event.encode().encode())
+    return lines
+
+
+def _damaged(line: bytes, how: int, other: bytes) -> list[bytes]:
+    """*line* damaged in the way numbered *how*; may become several lines or none."""
+    middle = len(line) // 2
+    return [
+        [b""],
+        [b" "],
+        [line[:middle], line[middle:]],  # split in two lines
+        [b" " + line + b" \r"],  # valid JSON for json.loads, not the canonical shape
+        [b"\xef\xbb\xbf" + line],  # a UTF-8 byte order mark
+        [line + b"," + other],  # two values on one line
+        [line.replace(b'"seq":', b'"seq":true,"x":', 1)],
+        [line.replace(b'"data":', b'"data":[', 1)[:-1] + b"]}"],
+        [line.replace(b'"type":', b'"type":1,"t":', 1)],
+        [line[:middle] + b"\xff" + line[middle:]],  # not UTF-8
+        [line[:-1] + b',"extra":1}'],
+        [b"NaN"],
+        [line.replace(b'"data":{', b'"data":{"n":NaN,', 1)],
+        [b"[" + line + b"]"],
+        [line[:middle]],  # a fragment
+        [b'{"type":"turn/end","seq":0,"time":0,"data":{"a":[1'],  # a value over two lines
+        [b"2]}}"],
+        [line.replace(b'"seq":', b'"seq":1', 1)],  # the wrong seq
+        [line, line],  # a repeat
+    ][how]
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> bytes:
+    lines = draw(event_lines())
+    for _ in range(draw(st.integers(0, 2))):
+        if not lines:
+            break
+        index = draw(st.integers(0, len(lines) - 1))
+        other = lines[draw(st.integers(0, len(lines) - 1))]
+        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 18)), other)
+    if draw(st.booleans()):
+        lines.append(b'{"type":"turn/end","seq":99,"time":0,"data":{}}')
+    data = encode_header(SessionHeader("s", 1)) + b"".join(line + b"\n" for line in lines)
+    if draw(st.booleans()):  # a torn tail
+        data = data[: draw(st.integers(0, len(data)))]
+    return data
+
+
+def _scan(data: bytes) -> object:
+    try:
+        return log_format.scan_log(data, PATH)
+    except PersistenceError as error:
+        return type(error), str(error)
+
+
+@given(logs(), st.sampled_from([1, 40, 1 << 16]))
+@example(encode_header(SessionHeader("s", 1)) + b"\n", 1 << 16)
+def test_the_fast_path_scans_exactly_as_line_by_line(data: bytes, chunk: int) -> None:
+    with mock.patch.object(log_format, "_BULK_BYTES", chunk):
+        fast = _scan(data)
+    with mock.patch.object(log_format, "_decode_lines", return_value=None):
+        slow = _scan(data)
+    assert fast == slow
+
+
+def test_loaded_events_share_one_copy_of_each_key_and_type() -> None:
+    line = b'{"type":"assistant/chunk","seq":%d,"time":1,"data":{"chunk":{"text":"a"}}}\n'
+    data = encode_header(SessionHeader("s", 1)) + b"".join(line % seq for seq in range(3))
+    first, *others = log_format.scan_log(data, PATH).events
+    for event in others:
+        assert event.type is first.type
+        assert next(iter(event.data)) is next(iter(first.data))
