@@ -6,8 +6,10 @@ and a torn final line, so recovery does all of its work: it scans every line, cu
 the torn tail, and appends the closing repair.
 
 Each measured load runs in a child process (``python -m benchmarks.recovery measure ...``) so
-that its peak memory is its own: the child reports ``ru_maxrss`` (resident, the whole process)
-and, in a separate run, the ``tracemalloc`` peak (Python allocations only; tracing slows the
+that its peak memory is its own. The child reports its peak resident set size twice: the
+kernel's high-water mark of its address space (``VmHWM``, Linux) and ``ru_maxrss`` (which on
+Linux also keeps the parent's resident size at the time of the fork, so it can only be larger).
+A separate run reports the ``tracemalloc`` peak (Python allocations only; tracing slows the
 load, so that run's time is not used).
 """
 
@@ -153,23 +155,38 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
-async def _load(root: str, session_id: str) -> tuple[int, int, int]:
-    log = await JsonlSessionPersistence(root).load(session_id)
-    return len(log.events), len(log.repair), log.torn_bytes
+def _hwm_bytes() -> int | None:
+    """The peak resident size of this process's own address space (Linux only)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+async def _load(root: str, session_id: str) -> tuple[float, int, int, int]:
+    """Load the session; return the seconds it took (the log still alive) and its counts."""
+    backend = JsonlSessionPersistence(root)
+    start = time.perf_counter()
+    log = await backend.load(session_id)
+    seconds = time.perf_counter() - start
+    return seconds, len(log.events), len(log.repair), log.torn_bytes
 
 
 def _measure(root: str, session_id: str, backend: str, trace: bool) -> dict[str, object]:
-    before = _maxrss_bytes()
+    before = _hwm_bytes()
     if trace:
         tracemalloc.start()
-    start = time.perf_counter()
-    events, repair, torn = anyio.run(_load, root, session_id, backend=backend)
-    seconds = time.perf_counter() - start
+    seconds, events, repair, torn = anyio.run(_load, root, session_id, backend=backend)
     traced_peak = tracemalloc.get_traced_memory()[1] if trace else None
     return {
         "seconds": seconds,
+        "hwm_bytes": _hwm_bytes(),
+        "hwm_before_bytes": before,
         "maxrss_bytes": _maxrss_bytes(),
-        "maxrss_before_bytes": before,
         "traced_peak_bytes": traced_peak,
         "events": events,
         "repair_events": repair,
@@ -242,7 +259,12 @@ def recovery(directory: Path, events: int, runs: int, backends: Sequence[str]) -
             "maxrss_mib": summarize(
                 [_int(run["maxrss_bytes"]) for run in loads], scale=2**-20
             ).to_json(),
-            "maxrss_before_load_mib": round(_int(first["maxrss_before_bytes"]) / 2**20, 1),
+            "peak_rss_mib": summarize(
+                [_int(run["hwm_bytes"] or run["maxrss_bytes"]) for run in loads], scale=2**-20
+            ).to_json(),
+            "peak_rss_before_load_mib": round(
+                _int(first["hwm_before_bytes"] or first["maxrss_bytes"]) / 2**20, 1
+            ),
             "loaded_events": first["events"],
             "repair_events": first["repair_events"],
             "torn_bytes": first["torn_bytes"],

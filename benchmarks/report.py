@@ -56,7 +56,7 @@ def _recovery(*path: str) -> Callable[[Results, str], float | None]:
 
 def _peak_mib(results: Results, backend: str) -> float | None:
     peaks = [
-        _number(_get(results, "recovery", backend, "maxrss_mib", "p99")),
+        _number(_get(results, "recovery", backend, "peak_rss_mib", "p99")),
         _number(_get(results, "recovery", "tracemalloc_peak_mib")),
     ]
     known = [peak for peak in peaks if peak is not None]
@@ -241,11 +241,12 @@ def table(results: Results) -> str:
             figures = recovery.get(backend)
             if isinstance(figures, dict):
                 load = [_fmt(_get(figures, "load_seconds", q), ".2f") for q in ("median", "p99")]
-                rss = [_fmt(_get(figures, "maxrss_mib", q), ".0f") for q in ("median", "p99")]
+                rss = [_fmt(_get(figures, "peak_rss_mib", q), ".0f") for q in ("median", "p99")]
+                maxrss = _fmt(_get(figures, "maxrss_mib", "p99"), ".0f")
                 out.append(
-                    f"  {backend}: load median {load[0]} s (max {load[1]} s), maxrss median "
-                    f"{rss[0]} MiB (max {rss[1]} MiB; "
-                    f"{figures['maxrss_before_load_mib']} MiB before loading)"
+                    f"  {backend}: load median {load[0]} s (max {load[1]} s); peak RSS median "
+                    f"{rss[0]} MiB (max {rss[1]} MiB, {figures['peak_rss_before_load_mib']} MiB "
+                    f"before loading; ru_maxrss max {maxrss} MiB)"
                 )
     checked = results.get("targets")
     if isinstance(checked, list) and checked:
