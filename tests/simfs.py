@@ -28,6 +28,15 @@ Faults (:class:`FaultPlan`)
 
 The backend also asks the real file system whether paths exist; the layer therefore mirrors its
 namespace (not its bytes) as empty files and directories under the real *base* directory.
+
+Keeping it honest (:class:`RecordingOs`)
+    The layer re-implements the composite steps of the real one (``makedirs``, ``publish``).
+    :class:`RecordingOs` stands in for :mod:`os` under the real layer, records its calls and
+    injects the same faults, so that tests can require both layers to make the same calls.
+
+Recovering images (:class:`Explorer`, :func:`explore`)
+    Every image is recovered by a fresh backend on a layer holding it, loaded again after a
+    second power loss, and checked with :func:`~.invariants.check_recovery`.
 """
 
 from __future__ import annotations
@@ -922,8 +931,14 @@ class Explorer:
                     await self.check(image, as_written, how, exact=recovered)
 
 
-def explore(workload: Workload, seed: int, backend: str, *, sectors: bool = False) -> Explorer:
-    """Run *workload* on a recording layer, then recover and check every crash image."""
+def explore(
+    workload: Workload, seed: int, backend: str, *, sectors: bool = False, recoveries: int = 2
+) -> Explorer:
+    """Run *workload* on a recording layer, then recover and check every crash image.
+
+    The first *recoveries* recoveries that changed something are also crashed at every change
+    they made, and recovered again; sampled images are recovered on the real file system too.
+    """
     with tempfile.TemporaryDirectory() as scratch:
         live, recover = Path(scratch) / "live", Path(scratch) / "recover"
         live.mkdir()
@@ -933,7 +948,7 @@ def explore(workload: Workload, seed: int, backend: str, *, sectors: bool = Fals
         run = partial(run_workload, workload, live / STORE, recorder, files=sim)
         assert anyio.run(run, backend=backend) is None
         explorer = Explorer(recover, recorder, sectors=sectors)
-        anyio.run(explorer.explore, sim.states, seed)
-        anyio.run(explorer.explore_recovery, 2, seed)
-        anyio.run(explorer.cross_check, Path(scratch))
+        anyio.run(explorer.explore, sim.states, seed, backend=backend)
+        anyio.run(explorer.explore_recovery, recoveries, seed, backend=backend)
+        anyio.run(explorer.cross_check, Path(scratch), backend=backend)
     return explorer
