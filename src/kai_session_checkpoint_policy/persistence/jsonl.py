@@ -148,6 +148,14 @@ class _Writer:
         self.log: _Log | None = None
 
 
+async def _acquire(lock: anyio.Lock) -> None:
+    """Take *lock*: at once when it is free, without the scheduler round ``acquire`` makes."""
+    try:
+        lock.acquire_nowait()
+    except anyio.WouldBlock:
+        await lock.acquire()
+
+
 class JsonlSessionPersistence:
     """Persist every live session of a host as a JSONL log under *root*.
 
@@ -269,10 +277,13 @@ class JsonlSessionPersistence:
         writer.window_open = False
         try:
             with anyio.CancelScope(shield=True):
-                async with writer.lane:
+                await _acquire(writer.lane)
+                try:
                     while writer.pending:
                         await self._write_pending(writer)
                     writer.barrier = None  # in the same step that saw the queue empty
+                finally:
+                    writer.lane.release()
         except Exception as exc:
             barrier.error = exc
             raise
@@ -283,6 +294,8 @@ class JsonlSessionPersistence:
 
     async def _window_expired(self, writer: _Writer, window: int, deadline: float) -> None:
         await anyio.sleep_until(deadline)
+        if writer.window != window:  # a flush or a later batch has taken this window's events
+            return
         async with writer.lane:
             if writer.window != window or not writer.window_open or writer.barrier is not None:
                 return
@@ -313,13 +326,14 @@ class JsonlSessionPersistence:
             log = writer.log = self._open_for_writing(writer.session_id)
         elif log.suspect:
             self._verify(log, writer.session_id)
-        for index, event in enumerate(batch):
-            if event.seq != log.count + index:
-                raise SeqMismatchError(
-                    f"session {writer.session_id!r}: refusing to write seq {event.seq} at "
-                    f"position {index} of a batch; the log on disk holds {log.count} events, "
-                    f"so seq {log.count + index} was expected"
-                )
+        seqs = [event.seq for event in batch]
+        if seqs != list(range(log.count, log.count + len(seqs))):
+            index, seq = next((i, seq) for i, seq in enumerate(seqs) if seq != log.count + i)
+            raise SeqMismatchError(
+                f"session {writer.session_id!r}: refusing to write seq {seq} at "
+                f"position {index} of a batch; the log on disk holds {log.count} events, "
+                f"so seq {log.count + index} was expected"
+            )
         data = "".join([f"{event.encode()}\n" for event in batch]).encode()
         if log.size == 0:  # the file does not exist yet
             header = encode_header(SessionHeader(writer.session_id, batch[0].time))
