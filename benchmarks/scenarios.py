@@ -7,6 +7,7 @@ compares figures taken at the same time on the same file system.
 
 from __future__ import annotations
 
+import itertools
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "run_all"]
 
 clock = time.perf_counter_ns
+_session_numbers = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +83,15 @@ async def _jsonl_host(root: Path) -> AsyncIterator[tuple[Host, JsonlSessionPersi
         yield host, backend
 
 
-async def _steady_session(host: Host, session_id: str) -> Session:
-    """A live session whose file already exists, so every later flush is one append."""
-    session = host.sessions.create(session_id)
+async def _steady_session(host: Host, prefix: str) -> Session:
+    """A new live session whose file already exists, so every later flush is one append.
+
+    Each round of samples gets a fresh one (the others are detached), which bounds the events
+    held in memory, and so the garbage collector's work, however many rounds are run.
+    """
+    for session in host.sessions.live():
+        host.sessions.detach(session)
+    session = host.sessions.create(f"{prefix}-{next(_session_numbers)}")
     session.append("assistant/chunk", CHUNK_DATA)
     await host.sessions.flush(session)
     return session
@@ -108,16 +116,20 @@ async def flush_latency(root: Path, baseline: Baseline, plan: Plan) -> dict[str,
                 await host.sessions.flush(session)
             latency: list[int] = []
             raw: list[int] = []
-            before = backend.statistics()
+            writes = fsyncs = 0
             for _ in range(plan.rounds):
+                session = await _steady_session(host, "flush")
                 raw += baseline.sample(plan.per_round)
+                before = backend.statistics()
                 for _ in range(plan.per_round):
                     for _ in range(size):
                         session.append("assistant/chunk", CHUNK_DATA)
                     start = clock()
                     await host.sessions.flush(session)
                     latency.append(clock() - start)
-            writes, fsyncs = _delta(backend.statistics(), before)
+                round_writes, round_fsyncs = _delta(backend.statistics(), before)
+                writes += round_writes
+                fsyncs += round_fsyncs
             figures[f"P={size}"] = _cell(
                 latency,
                 raw,
@@ -194,6 +206,7 @@ async def checkpoints(root: Path, baseline: Baseline, plan: Plan) -> dict[str, o
                 writes: list[int] = []
                 fsyncs: list[int] = []
                 for _ in range(plan.rounds):
+                    session = await _steady_session(host, "checkpoints")
                     raw += baseline.sample(plan.per_round)
                     spread = int(summarize(baseline.samples, scale=1).median)
                     for _ in range(plan.per_round):
