@@ -133,11 +133,13 @@ class _Writer:
 
     __slots__ = (
         "barrier",
+        "deadline",
         "lane",
         "log",
         "pending",
         "session",
         "session_id",
+        "timer",
         "window",
         "window_open",
     )
@@ -146,11 +148,17 @@ class _Writer:
         self.session = session
         self.session_id = session.id
         self.pending: list[SessionEvent] = []
-        self.window = 0  # counts windows, so a timer can tell whether its window is still open
+        self.window = 0  # counts windows, so the timer can tell whether its window is still open
         self.window_open = False
+        self.deadline = 0.0  # when the open window expires
+        self.timer = False  # whether a task is waiting for the window deadlines
         self.barrier: _Barrier | None = None
         self.lane = anyio.Lock()  # at most one write per session at a time
         self.log: _Log | None = None
+
+    def window_is(self, window: int) -> bool:
+        """Whether *window* is the open window, and no flush is draining the queue."""
+        return self.window == window and self.window_open and self.barrier is None
 
 
 async def _acquire(lock: anyio.Lock) -> None:
@@ -324,8 +332,10 @@ class JsonlSessionPersistence:
         if not writer.window_open and writer.barrier is None and self._task_group is not None:
             writer.window += 1
             writer.window_open = True
-            deadline = anyio.current_time() + self.batch_window
-            self._task_group.start_soon(self._window_expired, writer, writer.window, deadline)
+            writer.deadline = anyio.current_time() + self.batch_window
+            if not writer.timer:
+                writer.timer = True
+                self._task_group.start_soon(self._window_timer, writer)
 
     @hookimpl
     def session_flush(self, session: Session) -> FlushThunk | None:
@@ -403,21 +413,32 @@ class JsonlSessionPersistence:
                 writer.barrier = None
             barrier.done.set()
 
-    async def _window_expired(self, writer: _Writer, window: int, deadline: float) -> None:
-        await anyio.sleep_until(deadline)
-        if writer.window != window:  # a flush or a later batch has taken this window's events
-            return
-        async with writer.lane:
-            if writer.window != window or not writer.window_open or writer.barrier is not None:
-                return
-            try:
-                with anyio.CancelScope(shield=True):
-                    await self._write_pending(writer)
-            except Exception:
-                logger.exception(
-                    "background write of session %r failed; the batch stays queued",
-                    writer.session_id,
-                )
+    async def _window_timer(self, writer: _Writer) -> None:
+        """Write each window's batch when the window expires, one window after another.
+
+        One task serves the windows of a writer in turn: if the window it waits for was closed
+        (by a flush) and a new one opened meanwhile, it waits on for the new one's deadline, so
+        a session that flushes every few events does not start a task for every window.
+        """
+        try:
+            while writer.window_open:
+                window = writer.window
+                await anyio.sleep_until(writer.deadline)
+                if not writer.window_is(window):  # a flush took it; another may be open now
+                    continue
+                async with writer.lane:
+                    if not writer.window_is(window):  # a flush took it while the lane was busy
+                        continue
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            await self._write_pending(writer)
+                    except Exception:
+                        logger.exception(
+                            "background write of session %r failed; the batch stays queued",
+                            writer.session_id,
+                        )
+        finally:
+            writer.timer = False
 
     async def _write_pending(self, writer: _Writer) -> None:
         """Write the whole queue as one batch. The caller holds the lane, shielded."""

@@ -1,14 +1,21 @@
-"""The worker threads that run the blocking part of JSONL writes."""
+"""The JSONL write path's own machinery: its worker threads and its window timer."""
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
+from kai_session_checkpoint_policy import Host
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.persistence.jsonl import _Workers
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.anyio
 
@@ -63,3 +70,22 @@ async def test_at_most_limit_threads_run_jobs_the_rest_wait() -> None:
         assert order == ["first"]  # one thread, busy: the second job waits in the queue
         release.set()
     assert order == ["first", "second"]
+
+
+async def test_a_window_opened_after_a_flush_is_still_written_in_the_background(
+    tmp_path: Path,
+) -> None:
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.05)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("windows")
+        for expected in (1, 2, 3):
+            session.append("assistant/chunk", {"n": expected})  # opens a window
+            if expected < 3:
+                await host.sessions.flush(session)  # closes it before it expires
+        assert backend.durable_count("windows") == 2
+        with anyio.fail_after(10):
+            # The timer that waited for the first window waits on for the last one.
+            while backend.durable_count("windows") < 3:
+                await anyio.lowlevel.checkpoint()
+        assert await host.sessions.flush(session)  # waits for the background write to finish
+        assert backend.statistics().batches == 3
