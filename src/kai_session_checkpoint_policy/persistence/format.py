@@ -33,7 +33,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from ..events import EVENT_TYPES, JSON, SessionEvent
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
@@ -206,11 +206,11 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
     if len(wrapped) != lines.count(b"\n") or set(map(len, wrapped)) != {1}:
         return None  # not exactly one value per line
     records = list(map(_first, wrapped))
-    if set(map(type, records)) != {dict} or set(map(len, records)) != {len(_ENVELOPE)}:
-        return None
     try:
+        if set(map(len, records)) != {len(_ENVELOPE)}:
+            return None
         columns = [list(map(itemgetter(key), records)) for key in ("type", "seq", "time", "data")]
-    except KeyError:  # four keys, but not the envelope's
+    except (TypeError, KeyError):  # not objects, or four keys but not the envelope's
         return None
     types, seqs, times, datas = columns
     if (
@@ -222,7 +222,7 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
         or set(map(type, datas)) != {dict}
     ):
         return None
-    types = [_EVENT_TYPES.get(name, name) for name in types]
+    types = cast("list[str]", list(map(_EVENT_TYPES.get, types, types)))
     return list(map(SessionEvent, types, seqs, times, datas))
 
 
