@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._support import machine
+from ._support import cpu_reference, machine
 from .chart import render_svg
 from .recovery import recovery
 from .report import evaluate, table
@@ -76,6 +76,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         },
     }
     started = time.perf_counter()
+    reference = cpu_reference()
     loop_scenarios = [name for name in scenarios if name != "recovery"]
     if loop_scenarios:
         figures: dict[str, object] = {}
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         events = args.events or (5_000 if args.quick else 1_000_000)
         runs = args.recovery_runs or (1 if args.quick else 3)
         results["recovery"] = recovery(directory / "recovery", events, runs, backends)
+    results["cpu_reference_us"] = {"start": reference, "end": cpu_reference()}
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["targets"] = evaluate(results)
     return results

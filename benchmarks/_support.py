@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -19,6 +20,7 @@ __all__ = [
     "CHUNK_DATA",
     "Baseline",
     "Summary",
+    "cpu_reference",
     "machine",
     "summarize",
 ]
@@ -130,3 +132,18 @@ def machine(directory: Path) -> dict[str, object]:
         "kernel": platform.release(),
         "file_system": _run("df", "--output=fstype", str(directory)).split()[-1],
     }
+
+
+def cpu_reference() -> float:
+    """Microseconds for ``json.loads(json.dumps(...))`` of a stream chunk's data.
+
+    A yardstick of the CPU's speed at the time of the run, independent of this package: on
+    a shared or virtual machine it varies, and every CPU-bound figure varies with it.
+    """
+    runs = []
+    for _ in range(21):
+        start = time.perf_counter_ns()
+        for _ in range(1000):
+            json.loads(json.dumps(CHUNK_DATA))
+        runs.append((time.perf_counter_ns() - start) / 1000)
+    return round(summarize(runs).median, 3)

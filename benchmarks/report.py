@@ -217,6 +217,12 @@ def table(results: Results) -> str:
             "machine: {nproc} CPUs ({cpu}), {memory_gib} GiB, {python}, kernel {kernel}, "
             "file system {file_system}".format(**machine)
         )
+    reference = results.get("cpu_reference_us")
+    if isinstance(reference, dict):
+        out.append(
+            f"cpu yardstick (json.dumps+loads of a chunk): {reference['start']} us at the start, "
+            f"{reference['end']} us at the end"
+        )
     rows: list[list[str]] = []
     for backend, figures in _items(results.get("backends")):
         base = [_fmt(_get(figures, "baseline_us", q), ".1f") for q in ("median", "p90", "p99")]
