@@ -153,23 +153,18 @@ def _rows(figures: object) -> list[list[str]]:
             rows.append(_ratio_row(label, cell, "writes_per_group", "fsyncs_per_group"))
     stream = _get(figures, "stream")
     if isinstance(stream, dict):
-        background = (
-            _fmt(stream["background_writes_per_run"], ".1f"),
-            _fmt(stream["background_fsyncs_per_run"], ".1f"),
-        )
-        final = (
-            _fmt(stream["final_writes_per_run"], ".0f"),
-            _fmt(stream["final_fsyncs_per_run"], ".0f"),
-        )
+        background = _fmt(stream["background_batches_per_run"], ".1f")
         rows.append(
             [
                 f"stream: append ({stream['events']} events, us)",
                 *(_fmt(_get(stream, "append_us", q), ".2f") for q in ("median", "p90", "p99")),
                 "",
-                f"{background[0]}+{final[0]}",
-                f"{background[1]}+{final[1]}",
+                _fmt(stream["writes_per_run"], ".1f"),
+                _fmt(stream["fsyncs_per_run"], ".1f"),
             ]
         )
+        label = f"stream: batches in the background (of {_fmt(stream['batches_per_run'], '.1f')})"
+        rows.append([label, background, "", "", "", "", ""])
         rows.append(_ratio_row("stream: then one flush", stream["final_flush"], "", ""))
         rows.append(
             [

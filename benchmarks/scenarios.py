@@ -246,8 +246,7 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
     totals: list[int] = []
     flushes: list[int] = []
     raw: list[int] = []
-    background = [0, 0]
-    final = [0, 0]
+    counts = {"writes": 0, "fsyncs": 0, "background_batches": 0, "batches": 0}
     async with _jsonl_host(root) as (host, backend):
         for run in range(plan.stream_runs):
             session = await _steady_session(host, f"stream-{run}")
@@ -266,12 +265,12 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
             flushes.append(end - begin)
             totals.append(end - start)
             after = backend.statistics()
-            for into, (writes, fsyncs) in (
-                (background, _delta(middle, before)),
-                (final, _delta(after, middle)),
-            ):
-                into[0] += writes
-                into[1] += fsyncs
+            writes, fsyncs = _delta(after, before)
+            counts["writes"] += writes
+            counts["fsyncs"] += fsyncs
+            # Batches count when done, so a write still in flight is not yet "background".
+            counts["background_batches"] += middle.batches - before.batches
+            counts["batches"] += after.batches - before.batches
     runs = plan.stream_runs
     return {
         "events": plan.stream_events,
@@ -279,10 +278,7 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
         "append_us": summarize(appends).to_json(),
         "total_ms": summarize(totals, scale=1e-6).to_json(),
         "final_flush": _cell(flushes, raw),
-        "background_writes_per_run": background[0] / runs,
-        "background_fsyncs_per_run": background[1] / runs,
-        "final_writes_per_run": final[0] / runs,
-        "final_fsyncs_per_run": final[1] / runs,
+        **{f"{name}_per_run": count / runs for name, count in counts.items()},
     }
 
 

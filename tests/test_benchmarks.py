@@ -92,10 +92,10 @@ def test_stream_is_written_in_batches(
     quick_run: tuple[dict[str, object], Path], backend: str
 ) -> None:
     stream = _dig(quick_run[0], "backends", backend, "stream")
-    writes = [_number(stream, f"{when}_writes_per_run") for when in ("background", "final")]
-    fsyncs = [_number(stream, f"{when}_fsyncs_per_run") for when in ("background", "final")]
-    assert writes == fsyncs
-    assert 1 <= sum(writes) < _number(stream, "events")
+    writes = _number(stream, "writes_per_run")
+    assert writes == _number(stream, "fsyncs_per_run") == _number(stream, "batches_per_run")
+    assert 1 <= writes < _number(stream, "events")
+    assert _number(stream, "background_batches_per_run") < writes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
