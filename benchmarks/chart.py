@@ -1,7 +1,8 @@
 """A self-contained SVG chart of flush latency against batch size and concurrency.
 
-Bars are median ratios to the raw write+fsync baseline, one per event loop; the thin line on
-each bar reaches its p90 ratio. No plotting library is needed.
+Bars are median latencies as multiples of the raw write+fsync baseline's median, one bar per
+event loop; the thin line on each bar reaches the p90 latency on the same scale, and a red
+dash marks a target. No plotting library is needed.
 """
 
 from __future__ import annotations
@@ -23,14 +24,25 @@ BOTTOM: Final = 78
 COLOURS: Final = {"asyncio": "#3b6ea5", "trio": "#d9822b"}
 
 
+TARGETS: Final = {
+    ("batch size", "P=1"): 1.5,
+    ("batch size", "P=100"): 2.5,
+    ("burst checkpoints", "K=32"): 3.0,
+}
+
+
 def _ratios(cell: object) -> tuple[float, float] | None:
-    ratio = cell.get("ratio") if isinstance(cell, dict) else None
-    if not isinstance(ratio, dict):
+    """(median, p90) latency of *cell*, each divided by its baseline's median."""
+    if not isinstance(cell, dict):
         return None
-    median, p90 = ratio.get("median"), ratio.get("p90")
-    if isinstance(median, (int, float)) and isinstance(p90, (int, float)):
-        return float(median), float(p90)
-    return None
+    latency, baseline = cell.get("latency_us"), cell.get("baseline_us")
+    if not isinstance(latency, dict) or not isinstance(baseline, dict):
+        return None
+    median, p90, base = latency.get("median"), latency.get("p90"), baseline.get("median")
+    numbers = [value for value in (median, p90, base) if isinstance(value, (int, float))]
+    if len(numbers) != 3 or not numbers[2]:
+        return None
+    return numbers[0] / numbers[2], numbers[1] / numbers[2]
 
 
 def _groups(
@@ -82,7 +94,7 @@ def render_svg(results: Mapping[str, object]) -> str:
         f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
         f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" font-size="14">'
-        "Flush latency as a multiple of one raw write+fsync (median; line: p90)</text>",
+        "Flush latency as a multiple of one raw write+fsync (bar: median; line: p90)</text>",
     ]
     step = 1.0 if scale_max <= 6 else 2.0
     tick = 0.0
@@ -125,6 +137,13 @@ def render_svg(results: Mapping[str, object]) -> str:
             f'<text x="{x0 + slot / 2:.1f}" y="{y(0) + 15:.1f}" text-anchor="middle">'
             f"{escape(label)}</text>"
         )
+        target = TARGETS.get((section, label))
+        if target is not None:
+            out.append(
+                f'<line x1="{x0 + slot * 0.08:.1f}" x2="{x0 + slot * 0.92:.1f}" '
+                f'y1="{y(target):.1f}" y2="{y(target):.1f}" stroke="#c0392b" stroke-width="2">'
+                f"<title>target: {target:g}x</title></line>"
+            )
     starts = list(section_start.items())
     for index, (section, start) in enumerate(starts):
         end = starts[index + 1][1] if index + 1 < len(starts) else WIDTH - RIGHT
@@ -142,7 +161,7 @@ def render_svg(results: Mapping[str, object]) -> str:
         legend_x += 90
     out.append(
         f'<text x="{legend_x + 10}" y="{HEIGHT - 12}">dashed: 1x = one raw write of a '
-        "150-byte line + fsync, measured in the same run</text>"
+        "150-byte line + fsync, in the same run; red: target</text>"
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"
