@@ -469,3 +469,13 @@ async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:
         assert scope.cancelled_caught
         assert backend.durable_count("shielded") == 3
     assert [line.get("seq") for line in lines(log_path(tmp_path, "shielded"))] == [None, 0, 1, 2]
+
+
+async def test_a_second_torn_tail_at_the_same_offset_is_kept_too(tmp_path: Path) -> None:
+    path = crashed_log(tmp_path)
+    committed = len(path.read_bytes()) - len(b'{"type":"assistant/ch')
+    keep = path.with_name(f"{LOG_NAME}.torn-{committed}")
+    keep.write_bytes(b"bytes cut by an earlier recovery")
+    await JsonlSessionPersistence(tmp_path).load("crashed")
+    assert keep.read_bytes() == b"bytes cut by an earlier recovery"
+    assert keep.with_name(f"{keep.name}.2").read_bytes() == b'{"type":"assistant/ch'

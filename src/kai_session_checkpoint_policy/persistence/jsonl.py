@@ -608,9 +608,7 @@ class JsonlSessionPersistence:
             scan = scan_log(self._read(path), path)
             repair = interrupted_turn_closers(scan.events)
             if scan.torn:
-                keep = directory / f"{LOG_NAME}.torn-{scan.committed_bytes}"
-                if not keep.exists():
-                    self.files.publish(keep, scan.torn)
+                self._keep_torn(directory, scan.committed_bytes, scan.torn)
             if scan.torn or repair:
                 fd = log.fd = self.files.open_append(path)
                 self.files.truncate(fd, scan.committed_bytes)
@@ -620,6 +618,17 @@ class JsonlSessionPersistence:
             return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
         finally:
             self._release(log)
+
+    def _keep_torn(self, directory: Path, offset: int, torn: bytes) -> None:
+        """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
+        name, attempt = f"{LOG_NAME}.torn-{offset}", 1
+        keep = directory / name
+        while keep.exists():
+            if self.files.read(keep) == torn:
+                return
+            attempt += 1
+            keep = directory / f"{name}.{attempt}"
+        self.files.publish(keep, torn)
 
     def _list(self) -> list[SessionHeader]:
         if not self.root.is_dir():
