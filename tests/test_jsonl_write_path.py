@@ -12,7 +12,7 @@ import pytest
 
 from kai_session_checkpoint_policy import Host
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
-from kai_session_checkpoint_policy.persistence.jsonl import _Workers
+from kai_session_checkpoint_policy.persistence.workers import _Workers
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -16,12 +16,8 @@ reopened and re-read before the next write, so a failed fsync is never taken for
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
-import queue
-import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,10 +47,11 @@ from .format import (
     scan_log,
 )
 from .repair import interrupted_turn_closers
+from .workers import run_in_worker
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Sequence
 
     from anyio.abc import TaskGroup
 
@@ -167,112 +164,6 @@ async def _acquire(lock: anyio.Lock) -> None:
         lock.acquire_nowait()
     except anyio.WouldBlock:
         await lock.acquire()
-
-
-def _completion() -> tuple[Callable[[], object], Callable[[], Awaitable[object]]] | None:
-    """A signal that another thread can send, and how the running event loop waits for it.
-
-    ``signal()`` may be called once, from any thread; ``wait()`` returns once it has been.
-    ``None`` when the event loop is neither asyncio nor trio.
-    """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio
-        pass
-    else:
-        future = loop.create_future()
-        return partial(loop.call_soon_threadsafe, _resolve, future), lambda: future
-    try:
-        import trio
-    except ImportError:
-        return None
-    try:
-        token = trio.lowlevel.current_trio_token()
-    except RuntimeError:  # not trio either
-        return None
-    event = trio.Event()
-    return partial(token.run_sync_soon, event.set), event.wait
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # its task may have been cancelled by asyncio itself
-        future.set_result(None)
-
-
-class _Job:
-    """A blocking call handed to a worker thread, and the signal the thread sends when done."""
-
-    __slots__ = ("error", "func", "signal")
-
-    def __init__(self, func: Callable[[], None], signal: Callable[[], object]) -> None:
-        self.func = func
-        self.signal = signal
-        self.error: BaseException | None = None
-
-
-class _Workers:
-    """The threads that run the blocking part of every write: a cheaper hop than anyio's.
-
-    ``anyio.to_thread.run_sync`` takes longer to hand a call over and back (a capacity
-    limiter, scheduler checkpoints, a condition variable) than a small fsync takes. Here a job
-    goes to an idle thread through a ``SimpleQueue``, and the thread's very last step is one
-    call into the event loop that resolves the job (``call_soon_threadsafe`` on asyncio,
-    ``run_sync_soon`` on trio), so the waiting task resumes while the thread is already
-    blocked on the queue again. A thread is started when none is idle, up to ``limit`` (as
-    anyio's default limiter), and ends after ``idle_seconds`` without work. An event loop
-    other than asyncio or trio falls back to ``anyio.to_thread.run_sync``.
-    """
-
-    def __init__(self, *, limit: int = 40, idle_seconds: float = 10.0) -> None:
-        self._limit = limit
-        self._idle_seconds = idle_seconds
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        self._idle = 0  # threads waiting for a job, minus jobs queued; changed under the lock
-
-    async def run(self, func: Callable[[], None]) -> None:
-        """Call *func* in a worker thread and return (or raise) when it has."""
-        completion = _completion()
-        if completion is None:
-            await anyio.to_thread.run_sync(func)
-            return
-        signal, wait = completion
-        job = _Job(func, signal)
-        with self._lock:
-            if self._idle <= 0 and self._threads < self._limit:
-                thread = threading.Thread(target=self._serve, name="kai-jsonl-writer", daemon=True)
-                thread.start()
-                self._threads += 1
-                self._idle += 1
-            self._idle -= 1
-            self._jobs.put(job)
-        await wait()
-        if job.error is not None:
-            raise job.error
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self._idle_seconds)
-            except queue.Empty:
-                with self._lock:
-                    if self._jobs.empty():
-                        self._idle -= 1
-                        self._threads -= 1
-                        return
-                continue
-            try:
-                job.func()
-            except BaseException as error:  # raised again by the task waiting for the job
-                job.error = error
-            with self._lock:
-                self._idle += 1
-            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
-                job.signal()
-
-
-_workers: Final = _Workers()
 
 
 class JsonlSessionPersistence:
@@ -445,7 +336,7 @@ class JsonlSessionPersistence:
         batch, writer.pending = writer.pending, []
         writer.window_open = False
         try:
-            await _workers.run(partial(self._append, writer, batch))
+            await run_in_worker(partial(self._append, writer, batch))
         except BaseException:
             writer.pending[:0] = batch
             raise
