@@ -48,9 +48,9 @@ import re
 import tempfile
 import threading
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
 import anyio
@@ -142,14 +142,39 @@ class SimState:
 
 @dataclass(frozen=True, slots=True)
 class FaultPlan:
-    """Fail the *nth* (1-based) operation of *kind*; with *persistent*, every later one too."""
+    """Fail the *nth* (1-based) operation of *kind*; with *persistent*, every later one too.
+
+    With *name*, only operations on files of that name count (``"session.jsonl"`` picks the
+    appends to a log, not the writes of a file being published).
+    """
 
     kind: FaultKind
     nth: int
     persistent: bool = False
+    name: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.kind}#{self.nth}{'+' if self.persistent else ''}"
+        on = f"@{self.name}" if self.name else ""
+        return f"{self.kind}{on}#{self.nth}{'+' if self.persistent else ''}"
+
+
+class _Faults:
+    """Counts the operations each :class:`FaultPlan` applies to, and raises its faults."""
+
+    def __init__(self, plans: Sequence[FaultPlan]) -> None:
+        self.plans: Final = tuple(plans)
+        self.seen = [0] * len(self.plans)
+        self.injected = 0
+
+    def check(self, kind: FaultKind, path: str) -> None:
+        for index, plan in enumerate(self.plans):
+            if plan.kind != kind or (plan.name and PurePosixPath(path).name != plan.name):
+                continue
+            count = self.seen[index] = self.seen[index] + 1
+            if count == plan.nth or (plan.persistent and count > plan.nth):
+                self.injected += 1
+                code = _FAULT_ERRNO[kind]
+                raise OSError(code, f"{os.strerror(code)} (injected: {plan} at {count})", path)
 
 
 @dataclass(slots=True)
@@ -198,12 +223,6 @@ class Mirror:
                 self.add(path, wanted[path])
 
 
-@dataclass(slots=True)
-class _Counts:
-    ops: dict[str, int] = field(default_factory=dict)
-    injected: int = 0
-
-
 def _apply(content: bytes, op: Op) -> bytes:
     kind, where, data = op
     if kind == "truncate":
@@ -246,7 +265,7 @@ class SimFiles(OsFiles):
         super().__init__()
         self.base: Final = base
         self.mirror: Final = Mirror(base) if mirror is None else mirror
-        self.faults = tuple(faults)
+        self._faults = _Faults(faults)
         self.seed = seed
         self.rng = random.Random(seed)
         self.clock = 0
@@ -261,7 +280,6 @@ class SimFiles(OsFiles):
         self._handles: dict[int, _Handle] = {}
         self._next_fd = 1000
         self._tmp = 0
-        self._counts = _Counts()
         for path, content in (image or {}).items():
             if content is None:
                 self._names[path] = DIR
@@ -290,7 +308,7 @@ class SimFiles(OsFiles):
     @property
     def injected(self) -> int:
         """How many faults were injected."""
-        return self._counts.injected
+        return self._faults.injected
 
     def open_handles(self) -> list[str]:
         """The files that are open (each once per handle), locks included."""
@@ -331,14 +349,7 @@ class SimFiles(OsFiles):
         return "" if rel == "." else rel
 
     def _check(self, kind: FaultKind, path: str) -> None:
-        count = self._counts.ops[kind] = self._counts.ops.get(kind, 0) + 1
-        for fault in self.faults:
-            if fault.kind == kind and (
-                count == fault.nth or (fault.persistent and count > fault.nth)
-            ):
-                self._counts.injected += 1
-                code = _FAULT_ERRNO[kind]
-                raise OSError(code, f"{os.strerror(code)} (injected: {kind} #{count})", path)
+        self._faults.check(kind, path)
 
     def _survivors(self, pending: tuple[T, ...]) -> tuple[T, ...]:
         """What of *pending* a failed sync got to the disk; the rest is lost, and clean.
@@ -686,17 +697,10 @@ class RecordingOs:
         self.base = base
         self.trace: list[tuple[str, str]] = []
         self._paths: dict[int, tuple[str, bool]] = {}
-        self._faults = tuple(faults)
-        self._counts: dict[str, int] = {}
+        self._faults = _Faults(faults)
 
     def _check(self, kind: FaultKind, path: str) -> None:
-        count = self._counts[kind] = self._counts.get(kind, 0) + 1
-        for fault in self._faults:
-            if fault.kind == kind and (
-                count == fault.nth or (fault.persistent and count > fault.nth)
-            ):
-                code = _FAULT_ERRNO[kind]
-                raise OSError(code, f"{os.strerror(code)} (injected: {kind} #{count})", path)
+        self._faults.check(kind, path)
 
     def __getattr__(self, name: str) -> object:
         return getattr(os, name)

@@ -35,6 +35,7 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
 )
 from kai_session_checkpoint_policy.persistence import files as files_module
+from kai_session_checkpoint_policy.persistence.format import LOG_NAME
 
 from . import figures
 from .crash_child import (
@@ -136,8 +137,13 @@ def run_with_faults(
 
 
 def triggers(kind: FaultKind) -> tuple[FaultPlan, ...]:
-    """Truncation happens only when a failed append is rolled back: make one fail first."""
-    return (FaultPlan("fsync", 3), FaultPlan("write", 6)) if kind == "truncate" else ()
+    """Truncation happens only when a failed append is rolled back: make two of them fail.
+
+    The plans count appends to logs only, so they fail appends however the sessions interleave.
+    """
+    if kind != "truncate":
+        return ()
+    return (FaultPlan("write", 1, name=LOG_NAME), FaultPlan("fsync", 2, name=LOG_NAME))
 
 
 def describe(plans: tuple[FaultPlan, ...]) -> str:
