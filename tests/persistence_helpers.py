@@ -102,7 +102,11 @@ def lines(path: Path) -> list[JSONObject]:
 
 
 class GatedFiles(OsFiles):
-    """Real files whose next ``write`` call waits until :attr:`release` is set."""
+    """Real files whose next ``write`` call waits until :attr:`release` is set.
+
+    The wait blocks the thread that writes: give the backend ``inline_write_limit=0`` so that
+    every write runs in a worker thread, never on the event loop's.
+    """
 
     def __init__(self) -> None:
         super().__init__()

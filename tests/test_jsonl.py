@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from pathlib import Path
@@ -149,7 +150,7 @@ async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(
     tmp_path: Path,
 ) -> None:
     files = GatedFiles()
-    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, inline_write_limit=0, files=files)
     async with Host([backend], autoload=False) as host:
         session = host.sessions.create("barrier")
         session.append("turn/start", {"turn": 1})
@@ -384,11 +385,28 @@ async def test_list_sessions_reads_only_headers(tmp_path: Path) -> None:
 
 
 async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: Path) -> None:
-    async with Host(options={"jsonl.root": str(tmp_path), "jsonl.batch_window": 0.5}) as host:
+    options = {
+        "jsonl.root": str(tmp_path),
+        "jsonl.batch_window": 0.5,
+        "jsonl.inline_write_limit": 0,
+    }
+    async with Host(options=options) as host:
         backend = host.session_persistence
         assert isinstance(backend, JsonlSessionPersistence)
-        assert (backend.root, backend.batch_window) == (tmp_path, 0.5)
+        assert (backend.root, backend.batch_window, backend.inline_write_limit) == (
+            tmp_path,
+            0.5,
+            0.0,
+        )
         assert host.pm.get_plugin("session-checkpoint-policy") is policy
+
+
+@pytest.mark.parametrize("option", ["jsonl.batch_window", "jsonl.inline_write_limit"])
+async def test_a_host_option_in_seconds_must_be_a_number(option: str, tmp_path: Path) -> None:
+    message = f"host option '{option}' must be seconds, not '1s'"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        async with Host(options={"jsonl.root": str(tmp_path), option: "1s"}):
+            pass
 
 
 @pytest.mark.parametrize("window", [0, -1, float("nan"), float("inf")])
@@ -451,7 +469,7 @@ async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: P
 
 async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:
     files = GatedFiles()
-    backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
+    backend = JsonlSessionPersistence(tmp_path, batch_window=60, inline_write_limit=0, files=files)
     async with Host([backend], autoload=False) as host:
         session = host.sessions.create("shielded")
         session.append("turn/start", {"turn": 1})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import TYPE_CHECKING
 
@@ -11,8 +12,9 @@ import anyio.to_thread
 import pytest
 
 from kai_session_checkpoint_policy import Host
-from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
-from kai_session_checkpoint_policy.persistence.workers import _Workers
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, OsFiles
+from kai_session_checkpoint_policy.persistence import jsonl as jsonl_module
+from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -89,3 +91,86 @@ async def test_a_window_opened_after_a_flush_is_still_written_in_the_background(
                 await anyio.lowlevel.checkpoint()
         assert await host.sessions.flush(session)  # waits for the background write to finish
         assert backend.statistics().batches == 3
+
+
+class ThreadRecordingFiles(OsFiles):
+    """Real files that note which thread makes each ``write`` call, and signal each one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.written = threading.Event()
+
+    def write(self, fd: int, data: bytes) -> None:
+        on_loop = threading.current_thread() is threading.main_thread()
+        self.threads.append("loop" if on_loop else "worker")
+        super().write(fd, data)
+        self.written.set()
+
+
+async def _flush_twice(backend: JsonlSessionPersistence) -> None:
+    """Flush one event into a new file (a publish), then one more (an append)."""
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("placed")
+        for turn in (1, 2):
+            session.append("turn/start", {"turn": turn})
+            await host.sessions.flush(session)
+
+
+async def test_an_awaited_flush_on_an_idle_loop_writes_on_the_loop_thread(
+    tmp_path: Path,
+) -> None:
+    files = ThreadRecordingFiles()
+    # A limit no write here reaches: creating the file may take more than the default 2 ms.
+    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
+    assert files.threads == ["loop", "loop"]
+
+
+async def test_the_loop_is_idle_only_while_no_other_task_is_ready() -> None:
+    await anyio.wait_all_tasks_blocked()
+    assert loop_is_idle()
+    async with anyio.create_task_group() as group:
+        group.start_soon(anyio.lowlevel.checkpoint)  # ready to run, not yet started
+        assert not loop_is_idle()
+    assert loop_is_idle()
+
+
+async def test_an_awaited_flush_writes_in_a_worker_while_another_task_is_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = ThreadRecordingFiles()
+    monkeypatch.setattr(jsonl_module, "loop_is_idle", lambda: False)
+    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
+    assert files.threads == ["worker", "worker"]
+
+
+async def test_a_zero_inline_write_limit_always_writes_in_a_worker(tmp_path: Path) -> None:
+    files = ThreadRecordingFiles()
+    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=0, files=files))
+    assert files.threads == ["worker", "worker"]
+
+
+async def test_after_a_write_slower_than_the_limit_the_next_goes_to_a_worker(
+    tmp_path: Path,
+) -> None:
+    files = ThreadRecordingFiles()
+    # Every real write takes longer than a nanosecond; the first has no history yet.
+    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=1e-9, files=files))
+    assert files.threads == ["loop", "worker"]
+
+
+async def test_a_background_batch_is_written_in_a_worker(tmp_path: Path) -> None:
+    files = ThreadRecordingFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("background")
+        session.append("turn/start", {"turn": 1})
+        assert await anyio.to_thread.run_sync(files.written.wait, 10)
+    assert files.threads == ["worker"]
+
+
+@pytest.mark.parametrize("limit", [-0.001, float("nan"), float("inf"), "0.002"])
+def test_the_inline_write_limit_must_be_zero_or_more_seconds(limit: float) -> None:
+    message = f"inline_write_limit must be a number of seconds, 0 or more, not {limit!r}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        JsonlSessionPersistence("root", inline_write_limit=limit)

@@ -1,8 +1,10 @@
-"""Worker threads for the blocking part of every write: a cheaper hop than anyio's.
+"""Where the blocking part of a write runs: worker threads, or the idle event loop itself.
 
 A write of a small batch costs one ``write`` and one ``fsync``, about as long as handing the call
 to a thread and back through ``anyio.to_thread.run_sync``. The threads here take jobs from a
-queue and resolve each with a single call into the waiting event loop.
+queue and resolve each with a single call into the waiting event loop. Cheaper still is no hop
+at all: :func:`loop_is_idle` tells when no other task is ready to run, so that blocking the
+event loop's thread for a short write delays no one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,31 @@ import anyio.to_thread
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["run_in_worker"]
+__all__ = ["loop_is_idle", "run_in_worker"]
+
+
+def loop_is_idle() -> bool:
+    """Whether no task or callback of the running event loop is ready to run, but the caller.
+
+    On trio, tasks of the scheduler's current batch that have not run yet are not seen (trio
+    tells only how many wait for the next batch). ``False`` when it cannot be told at all (an
+    event loop other than asyncio's own or trio).
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio
+        pass
+    else:
+        ready = getattr(loop, "_ready", None)  # the standard loops' queue of ready callbacks
+        return ready is not None and not ready
+    try:
+        import trio
+    except ImportError:
+        return False
+    try:
+        return trio.lowlevel.current_statistics().tasks_runnable == 0
+    except RuntimeError:  # not trio either
+        return False
 
 
 def _completion() -> tuple[Callable[[], object], Callable[[], Awaitable[object]]] | None:
