@@ -219,18 +219,31 @@ class FlushWrapper:
         return (yield)
 
 
-async def test_a_session_flush_wrapper_is_refused_before_any_listener_starts(
-    host: Host, order: list[str]
+class EventWrapper:
+    name = "event-wrapper"
+
+    @hookimpl(hookwrapper=True, specname="session_event")
+    def wrap_events(self) -> Generator[None, object, None]:
+        yield
+
+
+@pytest.mark.parametrize(
+    ("plugin", "hook"),
+    [(FlushWrapper(), "session_flush"), (EventWrapper(), "session_event")],
+    ids=["session_flush", "session_event"],
+)
+async def test_a_wrapper_of_a_per_implementation_hook_is_refused_when_registered(
+    host: Host, order: list[str], plugin: object, hook: str
 ) -> None:
     host.register(Listener("L", order))
-    host.register(FlushWrapper())
+    name = getattr(plugin, "name", "")
 
-    with pytest.raises(
-        TypeError, match=r"^session_flush cannot be a hook wrapper \(flush-wrapper\)$"
-    ):
-        await host.sessions.flush(host.sessions.create("wrapped"))
+    with pytest.raises(TypeError, match=rf"^{hook} cannot be a hook wrapper \({name}\)$"):
+        host.register(plugin)
 
-    assert order == []
+    assert not host.pm.is_registered(plugin)
+    assert await host.sessions.flush(host.sessions.create("unwrapped"))
+    assert order == ["L:start", "L:end"]
 
 
 async def test_a_single_listener_failure_propagates_as_is(host: Host, order: list[str]) -> None:
@@ -399,10 +412,12 @@ async def test_live_appends_are_announced_and_detached_ones_are_not(host: Host) 
     assert session.seq == 2
 
 
-async def test_a_failing_event_listener_does_not_fail_the_append(
+async def test_a_failing_event_listener_fails_neither_the_append_nor_the_other_listeners(
     host: Host, caplog: pytest.LogCaptureFixture
 ) -> None:
-    host.register(BrokenEventListener())
+    recorder = EventRecorder()
+    host.register(recorder)
+    host.register(BrokenEventListener())  # registered last, so called first
     session = host.sessions.create("contained")
 
     with caplog.at_level(logging.ERROR):
@@ -410,9 +425,30 @@ async def test_a_failing_event_listener_does_not_fail_the_append(
 
     assert event.seq == 0
     assert session.events == (event,)
+    assert recorder.events == [("contained", 0, "turn/start")]
     assert [record.getMessage() for record in caplog.records] == [
-        "a session_event listener failed for 'contained' seq 0"
+        "session_event listener 'broken-event-listener' failed on seq 0 of session 'contained'"
     ]
+    assert caplog.records[0].exc_info is not None
+    assert str(caplog.records[0].exc_info[1]) == "listener broke"
+
+
+async def test_event_listeners_are_called_last_registered_first(host: Host) -> None:
+    heard: list[str] = []
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @hookimpl
+        def session_event(self, event: SessionEvent) -> None:
+            heard.append(f"{self.name}:{event.seq}")
+
+    for name in ("first", "second", "third"):
+        host.register(Named(name))
+    host.sessions.create("ordered").append("turn/start", {"turn": 1})
+
+    assert heard == ["third:0", "second:0", "first:0"]
 
 
 async def test_the_store_knows_its_live_sessions(host: Host) -> None:

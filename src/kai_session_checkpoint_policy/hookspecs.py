@@ -165,7 +165,7 @@ def session_flush(session: Session, host: HostServices) -> FlushThunk | None:
     The session store starts every returned thunk concurrently, waits for all of them to
     settle, and then raises the first failure in registration order. An exception raised while
     building the thunk counts as that plugin's failure and does not keep the others from
-    starting. Implementations cannot be hook wrappers.
+    starting. Implementations cannot be hook wrappers: registering one raises ``TypeError``.
     """
 
 
@@ -177,6 +177,8 @@ def session_event(session: Session, event: SessionEvent, host: HostServices) -> 
     :param event: The committed event; its ``data`` is already a private, validated copy.
     :param host: The host services.
 
-    Called synchronously inside the append: enqueue the event, never block. An exception is
-    logged by the session store and does not undo the append.
+    Called synchronously inside the append: enqueue the event, never block. Each
+    implementation is called on its own, last registered first: an exception is logged, and
+    neither undoes the append nor keeps the event from the other implementations.
+    Implementations cannot be hook wrappers: registering one raises ``TypeError``.
     """

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
+
+import pluggy
 
 if TYPE_CHECKING:
-    import pluggy
-
     from ..events import SessionEvent
     from ..hookspecs import FlushThunk, HostServices, PreStepThunk, StreamThunk, ToolThunk
     from .agent import PreStep
@@ -15,7 +16,32 @@ if TYPE_CHECKING:
     from .sessions import Session
     from .tools import ToolExecution
 
-__all__ = ["HostHooks", "MissingImplementationError"]
+__all__ = ["HostHooks", "HostPluginManager", "MissingImplementationError"]
+
+logger = logging.getLogger(__name__)
+
+_PER_IMPLEMENTATION: Final = frozenset({"session_flush", "session_event"})
+"""The hooks whose implementations the host calls one by one, so they take no wrappers."""
+
+
+class HostPluginManager(pluggy.PluginManager):
+    """pluggy's plugin manager, refusing hook wrappers on ``session_flush`` and ``session_event``.
+
+    The host calls the implementations of these two hooks one by one, so that one that raises
+    cannot keep the others from running; a wrapper would never run, so registering one is an
+    error, raised before the plugin is registered or configured.
+    """
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        for attribute in dir(plugin):
+            opts = self.parse_hookimpl_opts(plugin, attribute)
+            if opts is None or (opts.get("specname") or attribute) not in _PER_IMPLEMENTATION:
+                continue
+            if opts.get("wrapper") or opts.get("hookwrapper"):
+                owner = name or self.get_canonical_name(plugin)
+                hook = opts.get("specname") or attribute
+                raise TypeError(f"{hook} cannot be a hook wrapper ({owner})")
+        return super().register(plugin, name)
 
 
 class MissingImplementationError(LookupError):
@@ -57,13 +83,10 @@ class HostHooks:
 
         Each implementation is called on its own: one that raises while building its thunk
         gets a thunk raising that error, so it cannot keep the others from being started.
-        ``session_flush`` has no hook wrappers.
         """
         kwargs = {"session": session, "host": self._host}
         thunks: list[FlushThunk] = []
         for impl in self._hook.session_flush.get_hookimpls():
-            if impl.wrapper or impl.hookwrapper:
-                raise TypeError(f"session_flush cannot be a hook wrapper ({impl.plugin_name})")
             try:
                 thunk = cast("FlushThunk | None", impl.function(*map(kwargs.get, impl.argnames)))
             except Exception as exc:
@@ -73,7 +96,22 @@ class HostHooks:
         return thunks
 
     def session_event(self, session: Session, event: SessionEvent) -> None:
-        self._hook.session_event(session=session, event=event, host=self._host)
+        """Announce *event* to every listener, last registered first, as pluggy would.
+
+        Each implementation is called on its own, which costs less than pluggy's dispatch on
+        this path of every append: one that raises is logged, and the others still hear of it.
+        """
+        kwargs = {"session": session, "event": event, "host": self._host}
+        for impl in reversed(self._hook.session_event.get_hookimpls()):
+            try:
+                impl.function(*map(kwargs.get, impl.argnames))
+            except Exception:
+                logger.exception(
+                    "session_event listener %r failed on seq %d of session %r",
+                    impl.plugin_name,
+                    event.seq,
+                    session.id,
+                )
 
     def _first(self, name: str, **kwargs: Any) -> object:
         thunk = getattr(self._hook, name)(host=self._host, **kwargs)

@@ -7,11 +7,10 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Final
 
 import anyio
-import pluggy
 
 from .. import hookspecs
 from ..hookspecs import PROJECT
-from ._hooks import HostHooks
+from ._hooks import HostHooks, HostPluginManager
 from .agent import DefaultPreStep
 from .invariants import InvariantRegistry
 from .llm import LlmRuntime
@@ -57,7 +56,7 @@ class Host:
         options: Mapping[str, object] | None = None,
         clock: Callable[[], int] = epoch_ms,
     ) -> None:
-        self.pm: Final = pluggy.PluginManager(PROJECT)
+        self.pm: Final = HostPluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.hooks: Final = HostHooks(self.pm, self)
         self.options: Final[Mapping[str, object]] = dict(options or {})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from ._hooks import HostHooks
 
 __all__ = ["Session", "SessionError", "SessionNotLiveError", "SessionStore", "epoch_ms"]
-
-logger = logging.getLogger(__name__)
 
 
 def epoch_ms() -> int:
@@ -113,7 +110,7 @@ class SessionStore:
         session_id = uuid.uuid4().hex if session_id is None else session_id
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
-        session = Session(session_id, seed, clock=self._clock, on_append=self._announce)
+        session = Session(session_id, seed, clock=self._clock, on_append=self._hooks.session_event)
         self._live[session_id] = session
         return session
 
@@ -164,9 +161,3 @@ class SessionStore:
             if failure is not None:
                 raise failure
         return True
-
-    def _announce(self, session: Session, event: SessionEvent) -> None:
-        try:
-            self._hooks.session_event(session, event)
-        except Exception:
-            logger.exception("a session_event listener failed for %r seq %d", session.id, event.seq)
