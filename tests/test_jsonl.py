@@ -337,6 +337,11 @@ async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
     assert [line.get("seq") for line in lines(path)] == [None, *range(10)]
     again = await backend.load("crashed")
     assert (again.events, again.repair, again.torn_bytes) == (loaded.events, (), 0)
+    assert repr(loaded) == (  # counts, not a million events
+        "StoredLog(header=SessionHeader(id='crashed', created_at=1700000000000, version=1), "
+        "events=<10 events>, repair=<2 events>, torn_bytes=21, "
+        f"path={path!r})"
+    )
     async with Host([backend], autoload=False) as host:
         resumed = host.sessions.create("crashed", seed=loaded.events)
         assert resumed.append("turn/start", {"turn": 3}).seq == 10

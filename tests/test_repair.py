@@ -153,3 +153,20 @@ def test_pending_calls_are_closed_in_model_order() -> None:
 def test_a_tool_call_the_model_never_asked_for_is_ignored() -> None:
     logged = events(*OPEN_TURN_2, tool_call(2, 1, "stray"))
     assert [c.type for c in interrupted_turn_closers(logged)] == ["step/end", "turn/end"]
+
+
+def test_events_outside_any_turn_need_nothing() -> None:
+    logged = events(("step/start", {"turn": 1, "step": 1}), assistant(1, 1, "stray"))
+    assert interrupted_turn_closers(logged) == ()
+
+
+def test_only_the_last_started_turn_is_closed() -> None:
+    logged = events(
+        ("turn/start", {"turn": 1}),
+        ("step/start", {"turn": 1, "step": 1}),
+        assistant(1, 1, "abandoned"),
+        ("turn/start", {"turn": 2}),
+    )
+    assert summary(interrupted_turn_closers(logged)) == [
+        ("turn/end", 4, {"turn": 2, "reason": {"kind": "interrupted"}}),
+    ]

@@ -96,6 +96,14 @@ class StoredLog:
     torn_bytes: int
     path: Path
 
+    def __repr__(self) -> str:
+        # Not every event: a long log would take longer to show than to load.
+        return (
+            f"StoredLog(header={self.header!r}, events=<{len(self.events)} events>, "
+            f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
+            f"path={self.path!r})"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PersistenceStatistics:

@@ -43,18 +43,24 @@ _NOT_STARTED: Final = error_result(
 )
 
 
+_BOUNDARIES: Final = frozenset({"turn/start", "turn/end"})
+
+
 def interrupted_turn_closers(events: Sequence[SessionEvent]) -> tuple[SessionEvent, ...]:
     """Return the events that close the open turn at the end of *events*, or ``()``."""
-    turn: int | None = None
+    # Only a turn that started after the last turn/end can be open: find its turn/start.
+    start = next(
+        (index for index in range(len(events) - 1, -1, -1) if events[index].type in _BOUNDARIES),
+        None,
+    )
+    if start is None or events[start].type == "turn/end":
+        return ()
+    turn = _int(events[start].data, "turn")
     step: int | None = None
     pending: dict[str, tuple[int, bool]] = {}  # call id -> (step, tool/call recorded)
-    for event in events:
+    for event in events[start + 1 :]:
         data = event.data
-        if event.type == "turn/start":
-            turn, step, pending = _int(data, "turn"), None, {}
-        elif event.type == "turn/end":
-            turn, step, pending = None, None, {}
-        elif event.type == "step/start":
+        if event.type == "step/start":
             step = _int(data, "step")
         elif event.type == "step/end":
             step, pending = None, {}
@@ -69,8 +75,6 @@ def interrupted_turn_closers(events: Sequence[SessionEvent]) -> tuple[SessionEve
             answered = _result_call_id(data)
             if answered is not None:
                 pending.pop(answered, None)
-    if turn is None:
-        return ()
     closers: list[tuple[str, JSONObject]] = [
         (
             "tool/result",
