@@ -30,7 +30,7 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
-from ._support import CHUNK_DATA, Baseline, Summary, summarize
+from ._support import CHUNK_DATA, Baseline, Summary, TimedFiles, summarize
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -60,12 +60,28 @@ class Plan:
     policy_turns: int = 20
 
 
-def _cell(latency: Sequence[int], baseline: Sequence[int], **counts: float) -> dict[str, object]:
-    """One measured figure: its latency, the baseline of the same rounds, and their ratio."""
+def _cell(
+    latency: Sequence[int],
+    baseline: Sequence[int],
+    io: Sequence[int] = (),
+    **counts: float,
+) -> dict[str, object]:
+    """One measured figure: its latency, the baseline of the same rounds, and their ratio.
+
+    With *io* (the time each sample spent in ``write`` and ``fsync`` calls), also that time and
+    what the sample took besides it.
+    """
     measured, raw = summarize(latency), summarize(baseline)
+    spent: dict[str, object] = {}
+    if io:
+        spent["io_us"] = summarize(io).to_json()
+        spent["besides_io_us"] = summarize(
+            [a - b for a, b in zip(latency, io, strict=True)]
+        ).to_json()
     return {
         "latency_us": measured.to_json(),
         "baseline_us": raw.to_json(),
+        **spent,
         "ratio": {
             "median": round(measured.median / raw.median, 3),
             "p90": round(measured.p90 / raw.p90, 3),
@@ -76,11 +92,14 @@ def _cell(latency: Sequence[int], baseline: Sequence[int], **counts: float) -> d
 
 
 @asynccontextmanager
-async def _jsonl_host(root: Path) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
-    """A host with only the JSONL backend (default batch window), no entry-point plugins."""
-    backend = JsonlSessionPersistence(root)
+async def _jsonl_host(
+    root: Path,
+) -> AsyncIterator[tuple[Host, JsonlSessionPersistence, TimedFiles]]:
+    """A host with only the JSONL backend (default settings, timed files), no entry points."""
+    files = TimedFiles()
+    backend = JsonlSessionPersistence(root, files=files)
     async with Host([backend], autoload=False) as host:
-        yield host, backend
+        yield host, backend, files
 
 
 async def _steady_session(host: Host, prefix: str) -> Session:
@@ -107,7 +126,7 @@ def _delta(after: PersistenceStatistics, before: PersistenceStatistics) -> tuple
 async def flush_latency(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object]:
     """Append P events, then time ``host.sessions.flush``: one write and one fsync each."""
     figures: dict[str, object] = {}
-    async with _jsonl_host(root) as (host, backend):
+    async with _jsonl_host(root) as (host, backend, files):
         session = await _steady_session(host, "flush")
         for size in plan.batch_sizes:
             for _ in range(plan.per_round):  # warm up: not recorded
@@ -115,6 +134,7 @@ async def flush_latency(root: Path, baseline: Baseline, plan: Plan) -> dict[str,
                     session.append("assistant/chunk", CHUNK_DATA)
                 await host.sessions.flush(session)
             latency: list[int] = []
+            io: list[int] = []
             raw: list[int] = []
             writes = fsyncs = 0
             for _ in range(plan.rounds):
@@ -124,15 +144,17 @@ async def flush_latency(root: Path, baseline: Baseline, plan: Plan) -> dict[str,
                 for _ in range(plan.per_round):
                     for _ in range(size):
                         session.append("assistant/chunk", CHUNK_DATA)
-                    start = clock()
+                    io_before, start = files.io_ns, clock()
                     await host.sessions.flush(session)
                     latency.append(clock() - start)
+                    io.append(files.io_ns - io_before)
                 round_writes, round_fsyncs = _delta(backend.statistics(), before)
                 writes += round_writes
                 fsyncs += round_fsyncs
             figures[f"P={size}"] = _cell(
                 latency,
                 raw,
+                io,
                 writes_per_flush=writes / len(latency),
                 fsyncs_per_flush=fsyncs / len(latency),
             )
@@ -196,12 +218,13 @@ async def checkpoints(root: Path, baseline: Baseline, plan: Plan) -> dict[str, o
     far), that is while the first checkpoint's write is in flight.
     """
     figures: dict[str, object] = {}
-    async with _jsonl_host(root) as (host, backend):
+    async with _jsonl_host(root) as (host, backend, files):
         session = await _steady_session(host, "checkpoints")
         for mode in ("burst", "staggered"):
             cells: dict[str, object] = {}
             for k in plan.concurrency:
                 latency: list[int] = []
+                io: list[int] = []
                 raw: list[int] = []
                 writes: list[int] = []
                 fsyncs: list[int] = []
@@ -210,16 +233,18 @@ async def checkpoints(root: Path, baseline: Baseline, plan: Plan) -> dict[str, o
                     raw += baseline.sample(plan.per_round)
                     spread = int(summarize(baseline.samples, scale=1).median)
                     for _ in range(plan.per_round):
-                        before = backend.statistics()
+                        before, io_before = backend.statistics(), files.io_ns
                         latency.append(
                             await _group(host, session, k, 0 if mode == "burst" else spread)
                         )
+                        io.append(files.io_ns - io_before)
                         group_writes, group_fsyncs = _delta(backend.statistics(), before)
                         writes.append(group_writes)
                         fsyncs.append(group_fsyncs)
                 cells[f"K={k}"] = _cell(
                     latency,
                     raw,
+                    io,
                     writes_per_group=sum(writes) / len(writes),
                     fsyncs_per_group=sum(fsyncs) / len(fsyncs),
                     min_writes_per_group=min(writes),
@@ -247,7 +272,7 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
     flushes: list[int] = []
     raw: list[int] = []
     counts = {"writes": 0, "fsyncs": 0, "background_batches": 0, "batches": 0}
-    async with _jsonl_host(root) as (host, backend):
+    async with _jsonl_host(root) as (host, backend, _):
         for run in range(plan.stream_runs):
             session = await _steady_session(host, f"stream-{run}")
             raw += baseline.sample(plan.per_round)

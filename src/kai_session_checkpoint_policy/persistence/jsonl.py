@@ -15,12 +15,13 @@ reopened and re-read before the next write, so a failed fsync is never taken for
 
 Where a write runs: a background batch always runs in a worker thread, since nobody waits for
 it. A flush that a caller awaits runs its write on the event loop's own thread when no other
-task is ready to run and the session's recent writes took less than ``inline_write_limit``
-(2 ms by default): handing a call to a thread and waking the loop again when it returns costs
-about as much as a fast fsync (100-200 µs on a virtual machine), while a loop with nothing else
-to run loses nothing by waiting for the disk itself. Otherwise the write runs in a worker
-thread, and the tasks that are ready, or checkpoints that arrive meanwhile, run (and join the
-next batch) while it is in flight.
+task is ready to run (which only asyncio tells; on trio, writes always go to worker threads)
+and the session's recent writes took less than ``inline_write_limit`` (2 ms by default):
+handing a call to a thread and waking the loop again when it returns costs about as much as a
+fast fsync (100-200 µs on a virtual machine), while a loop with nothing else to run loses
+nothing by waiting for the disk itself. Otherwise the write runs in a worker thread, and the
+tasks that are ready, or checkpoints that arrive meanwhile, run (and join the next batch) while
+it is in flight.
 """
 
 from __future__ import annotations
@@ -317,18 +318,23 @@ class JsonlSessionPersistence:
             if barrier.error is not None:
                 raise barrier.error
             return
-        if not writer.pending and not writer.lane.locked():
-            return
+        if not writer.lane.locked():
+            if not writer.pending:
+                return
+            if self._may_write_inline(writer):
+                # No other task can run before this returns: no barrier to share, no await
+                # to shield.
+                await self._write_pending(writer, inline=True)  # never suspends
+                return
         barrier = writer.barrier = _Barrier()
         writer.window_open = False
         try:
             with anyio.CancelScope(shield=True):
                 await _acquire(writer.lane)
                 try:
-                    if not loop_is_idle():
-                        await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
+                    await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
                     while writer.pending:
-                        await self._write_pending(writer, awaited=True)
+                        await self._write_pending(writer, inline=self._may_write_inline(writer))
                     writer.barrier = None  # in the same step that saw the queue empty
                 finally:
                     writer.lane.release()
@@ -366,22 +372,28 @@ class JsonlSessionPersistence:
     async def _write_in_background(self, writer: _Writer) -> None:
         try:
             with anyio.CancelScope(shield=True):
-                await self._write_pending(writer, awaited=False)
+                await self._write_pending(writer, inline=False)
         except Exception:
             logger.exception(
                 "background write of session %r failed; the batch stays queued", writer.session_id
             )
 
-    async def _write_pending(self, writer: _Writer, *, awaited: bool) -> None:
-        """Write the whole queue as one batch. The caller holds the lane, shielded."""
+    def _may_write_inline(self, writer: _Writer) -> bool:
+        """Whether an awaited write of *writer* should run on the event loop's thread."""
+        return writer.write_seconds < self.inline_write_limit and loop_is_idle()
+
+    async def _write_pending(self, writer: _Writer, *, inline: bool) -> None:
+        """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
+
+        The caller holds the lane, shielded, unless *inline* (then this never suspends).
+        """
         batch, writer.pending = writer.pending, []
         writer.window_open = False
-        append = partial(self._timed_append, writer, batch)
         try:
-            if awaited and writer.write_seconds < self.inline_write_limit and loop_is_idle():
-                append()
+            if inline:
+                self._timed_append(writer, batch)
             else:
-                await run_in_worker(append)
+                await run_in_worker(partial(self._timed_append, writer, batch))
         except BaseException:
             writer.pending[:0] = batch
             raise

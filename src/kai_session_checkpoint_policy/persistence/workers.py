@@ -26,27 +26,19 @@ __all__ = ["loop_is_idle", "run_in_worker"]
 
 
 def loop_is_idle() -> bool:
-    """Whether no task or callback of the running event loop is ready to run, but the caller.
+    """Whether no task or callback of the running asyncio event loop is ready to run, but the
+    caller's.
 
-    On trio, tasks of the scheduler's current batch that have not run yet are not seen (trio
-    tells only how many wait for the next batch). ``False`` when it cannot be told at all (an
-    event loop other than asyncio's own or trio).
+    ``False`` when that cannot be told: on trio, which runs the ready tasks in batches and tells
+    only how many wait for the next batch, not how many of the current one have yet to run; on
+    an asyncio loop without the standard ``_ready`` queue (uvloop).
     """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # not asyncio
-        pass
-    else:
-        ready = getattr(loop, "_ready", None)  # the standard loops' queue of ready callbacks
-        return ready is not None and not ready
-    try:
-        import trio
-    except ImportError:
         return False
-    try:
-        return trio.lowlevel.current_statistics().tasks_runnable == 0
-    except RuntimeError:  # not trio either
-        return False
+    ready = getattr(loop, "_ready", None)  # the standard loops' queue of ready callbacks
+    return ready is not None and not ready
 
 
 def _completion() -> tuple[Callable[[], object], Callable[[], Awaitable[object]]] | None:
