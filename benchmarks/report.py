@@ -245,7 +245,9 @@ def table(results: Results) -> str:
         out += [
             "",
             f"recovery of {recovery['events']:,} events ({size} bytes), one fresh process per "
-            f"load; tracemalloc peak {recovery.get('tracemalloc_peak_mib')} MiB",
+            f"load; tracemalloc peak {recovery.get('tracemalloc_peak_mib')} MiB; decoding all "
+            f"events in one json.loads call alone: "
+            f"{_fmt(recovery.get('decode_floor_seconds'), '.2f')} s",
         ]
         for backend in ("asyncio", "trio"):
             figures = recovery.get(backend)
@@ -253,9 +255,14 @@ def table(results: Results) -> str:
                 load = [_fmt(_get(figures, "load_seconds", q), ".2f") for q in ("median", "p99")]
                 rss = [_fmt(_get(figures, "peak_rss_mib", q), ".0f") for q in ("median", "p99")]
                 maxrss = _fmt(_get(figures, "maxrss_mib", "p99"), ".0f")
+                median, floor = (
+                    _number(_get(figures, "load_seconds", "median")),
+                    _number(recovery.get("decode_floor_seconds")),
+                )
+                versus = f", {median / floor:.2f}x the decoding alone" if median and floor else ""
                 out.append(
-                    f"  {backend}: load median {load[0]} s (max {load[1]} s); peak RSS median "
-                    f"{rss[0]} MiB (max {rss[1]} MiB, {figures['peak_rss_before_load_mib']} MiB "
+                    f"  {backend}: load median {load[0]} s{versus} (max {load[1]} s); "
+                    f"peak RSS median {rss[0]} MiB (max {rss[1]} MiB, {figures['peak_rss_before_load_mib']} MiB "
                     f"before loading; ru_maxrss max {maxrss} MiB)"
                 )
     checked = results.get("targets")

@@ -400,6 +400,7 @@ class JsonlSessionPersistence:
         self._batches += 1
 
     def _timed_append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
+        """:meth:`_append`, keeping the slowest recent write's duration for the next choice."""
         start = time.perf_counter()
         try:
             self._append(writer, batch)
