@@ -262,8 +262,9 @@ def table(results: Results) -> str:
                 versus = f", {median / floor:.2f}x the decoding alone" if median and floor else ""
                 out.append(
                     f"  {backend}: load median {load[0]} s{versus} (max {load[1]} s); "
-                    f"peak RSS median {rss[0]} MiB (max {rss[1]} MiB, {figures['peak_rss_before_load_mib']} MiB "
-                    f"before loading; ru_maxrss max {maxrss} MiB)"
+                    f"peak RSS median {rss[0]} MiB (max {rss[1]} MiB, "
+                    f"{figures['peak_rss_before_load_mib']} MiB before loading; "
+                    f"ru_maxrss max {maxrss} MiB)"
                 )
     checked = results.get("targets")
     if isinstance(checked, list) and checked:
