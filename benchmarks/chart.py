@@ -1,8 +1,9 @@
 """A self-contained SVG chart of flush latency against batch size and concurrency.
 
 Bars are median latencies as multiples of the raw write+fsync baseline's median, one bar per
-event loop; the thin line on each bar reaches the p90 latency on the same scale, and a red
-dash marks a target. No plotting library is needed.
+event loop; the pale lower part of a bar is the median time spent in ``write`` and ``fsync``
+calls, the thin line on each bar reaches the p90 latency on the same scale, and a red dash
+marks a target. No plotting library is needed.
 """
 
 from __future__ import annotations
@@ -31,25 +32,29 @@ TARGETS: Final = {
 }
 
 
-def _ratios(cell: object) -> tuple[float, float] | None:
-    """(median, p90) latency of *cell*, each divided by its baseline's median."""
+Bar = tuple[float, float, float]
+"""Median latency, p90 latency, and median time in write and fsync calls (0 if unknown)."""
+
+
+def _ratios(cell: object) -> Bar | None:
+    """The :data:`Bar` of *cell*, each figure divided by its baseline's median."""
     if not isinstance(cell, dict):
         return None
-    latency, baseline = cell.get("latency_us"), cell.get("baseline_us")
+    latency, baseline, io = cell.get("latency_us"), cell.get("baseline_us"), cell.get("io_us")
     if not isinstance(latency, dict) or not isinstance(baseline, dict):
         return None
     median, p90, base = latency.get("median"), latency.get("p90"), baseline.get("median")
     numbers = [value for value in (median, p90, base) if isinstance(value, (int, float))]
     if len(numbers) != 3 or not numbers[2]:
         return None
-    return numbers[0] / numbers[2], numbers[1] / numbers[2]
+    spent = io.get("median") if isinstance(io, dict) else None
+    io_ratio = spent / numbers[2] if isinstance(spent, (int, float)) else 0.0
+    return numbers[0] / numbers[2], numbers[1] / numbers[2], io_ratio
 
 
-def _groups(
-    backends: Mapping[str, object],
-) -> list[tuple[str, str, dict[str, tuple[float, float]]]]:
-    """(section, label, {backend: (median, p90)}) for every bar group, in chart order."""
-    groups: list[tuple[str, str, dict[str, tuple[float, float]]]] = []
+def _groups(backends: Mapping[str, object]) -> list[tuple[str, str, dict[str, Bar]]]:
+    """(section, label, {backend: bar}) for every bar group, in chart order."""
+    groups: list[tuple[str, str, dict[str, Bar]]] = []
     paths: list[tuple[str, tuple[str, ...], str]] = [("batch size", ("flush",), "P=")]
     for mode in ("burst", "staggered"):
         paths.append((f"{mode} checkpoints", ("checkpoints", mode), "K="))
@@ -64,7 +69,7 @@ def _groups(
                     label for label in cells if label.startswith(prefix) and label not in labels
                 ]
         for label in labels:
-            bars: dict[str, tuple[float, float]] = {}
+            bars: dict[str, Bar] = {}
             for backend, figures in backends.items():
                 cell: object = figures
                 for key in (*path, label):
@@ -82,7 +87,7 @@ def render_svg(results: Mapping[str, object]) -> str:
     if not isinstance(backends, dict) or not backends:
         raise ValueError("the results hold no flush or checkpoint figures")
     groups = _groups(backends)
-    top = max([p90 for _, _, bars in groups for _, p90 in bars.values()] + [3.0])
+    top = max([bar[1] for _, _, bars in groups for bar in bars.values()] + [3.0])
     scale_max = float(int(top) + 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -119,15 +124,21 @@ def render_svg(results: Mapping[str, object]) -> str:
         for position, backend in enumerate(names):
             if backend not in bars:
                 continue
-            median, p90 = bars[backend]
+            median, p90, io = bars[backend]
             x = x0 + slot * 0.15 + position * bar_w
             colour = COLOURS.get(backend, "#777")
             out.append(
                 f'<rect x="{x:.1f}" y="{y(median):.1f}" width="{bar_w - 2:.1f}" '
                 f'height="{y(0) - y(median):.1f}" fill="{colour}"><title>{escape(backend)} '
-                f"{escape(section)} {escape(label)}: median {median:.2f}x, p90 {p90:.2f}x"
-                "</title></rect>"
+                f"{escape(section)} {escape(label)}: median {median:.2f}x, p90 {p90:.2f}x, "
+                f"in write and fsync {io:.2f}x</title></rect>"
             )
+            if io:
+                out.append(
+                    f'<rect x="{x:.1f}" y="{y(min(io, median)):.1f}" width="{bar_w - 2:.1f}" '
+                    f'height="{y(0) - y(min(io, median)):.1f}" fill="white" '
+                    'fill-opacity="0.45"/>'
+                )
             middle = x + (bar_w - 2) / 2
             out.append(
                 f'<line x1="{middle:.1f}" x2="{middle:.1f}" y1="{y(median):.1f}" '
@@ -160,8 +171,8 @@ def render_svg(results: Mapping[str, object]) -> str:
         )
         legend_x += 90
     out.append(
-        f'<text x="{legend_x + 10}" y="{HEIGHT - 12}">dashed: 1x = one raw write of a '
-        "150-byte line + fsync, in the same run; red: target</text>"
+        f'<text x="{legend_x + 10}" y="{HEIGHT - 12}">pale: time in write and fsync; '
+        "dashed: 1x (150 B + fsync); red: target</text>"
     )
     out.append("</svg>")
     return "\n".join(out) + "\n"
