@@ -178,3 +178,32 @@ def test_the_inline_write_limit_must_be_zero_or_more_seconds(limit: float) -> No
     message = f"inline_write_limit must be a number of seconds, 0 or more, not {limit!r}"
     with pytest.raises(ValueError, match=re.escape(message)):
         JsonlSessionPersistence("root", inline_write_limit=limit)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio always writes in a worker
+async def test_a_flush_that_writes_on_the_loop_still_yields_once(tmp_path: Path) -> None:
+    order: list[str] = []
+
+    async def other_task() -> None:
+        order.append("other task")
+
+    async with anyio.create_task_group() as group:
+
+        class StartingFiles(OsFiles):
+            """Real files whose append starts a task, as I/O arriving meanwhile would."""
+
+            def write(self, fd: int, data: bytes) -> None:
+                super().write(fd, data)
+                if self.calls["write"] == 2:  # not the publication of the file: the append
+                    order.append("written")
+                    group.start_soon(other_task)
+
+        backend = JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=StartingFiles())
+        async with Host([backend], autoload=False) as host:
+            session = host.sessions.create("yielding")
+            for turn in (1, 2):
+                session.append("turn/start", {"turn": turn})
+                await host.sessions.flush(session)
+            order.append("flushed")
+
+    assert order == ["written", "other task", "flushed"]

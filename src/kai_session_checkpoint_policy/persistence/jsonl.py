@@ -325,6 +325,8 @@ class JsonlSessionPersistence:
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield.
                 await self._write_pending(writer, inline=True)  # never suspends
+                # Still yield once, as every flush does, for what became ready meanwhile.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
                 return
         barrier = writer.barrier = _Barrier()
         writer.window_open = False
