@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -54,6 +52,7 @@ from .crash_child import (
     Workload,
     run_workload,
 )
+from .markers import reap, wait_for_marker
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
@@ -357,11 +356,7 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while marker.read_text() != holding:
-            assert child.poll() is None, "the child exited"
-            assert time.monotonic() < deadline, "the child never took the session"
-            time.sleep(0.01)  # polling the marker's content is the handshake
+        wait_for_marker(child, marker, holding)
         before = tree(root)
 
         refusals: list[Exception] = []
@@ -383,7 +378,6 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
             anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
         assert tree(root) == before
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        reap(child)
     recovered = anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
     assert recovered.events[-1].type == "turn/end"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +20,8 @@ import pytest
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, TOOL_NAME, HangAt
 
+from .markers import kill_at_marker
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -30,13 +30,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 COMMAND = [sys.executable, "-m", "kai_session_checkpoint_policy"]
-MARKER_DEADLINE = 30.0
 
 
 def spawn_agent(
     tmp_path: Path, session_id: str, hang_at: HangAt, *, no_policy: bool = False
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start the demo agent as a child that hangs at *hang_at*; return it and its marker."""
+    """Start the demo agent as a child that hangs at *hang_at*; return it and its marker.
+
+    Its standard error goes to the file beside the marker with the suffix ``.stderr``.
+    """
     marker = tmp_path / f"{session_id}.marker"
     marker.write_bytes(b"")  # pre-created empty: only its content signals readiness
     command = [*COMMAND, "agent", "--root", str(tmp_path / "sessions"), "--session", session_id]
@@ -49,27 +51,6 @@ def spawn_agent(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors
         )
     return child, marker
-
-
-def kill_at_marker(
-    child: subprocess.Popen[bytes], marker: Path, expected: str, tmp_path: Path
-) -> None:
-    """Wait until *marker* holds exactly *expected*, then SIGKILL *child* and reap it."""
-    deadline = time.monotonic() + MARKER_DEADLINE
-    try:
-        while (content := marker.read_text()) != expected:
-            assert expected.startswith(content), f"unexpected marker content {content!r}"
-            if child.poll() is not None:
-                errors = "\n".join(path.read_text() for path in tmp_path.glob("*.stderr"))
-                pytest.fail(f"the agent exited with {child.returncode} first:\n{errors}")
-            assert time.monotonic() < deadline, f"no {expected!r} marker in {MARKER_DEADLINE} s"
-            time.sleep(0.01)
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(timeout=MARKER_DEADLINE) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
@@ -105,7 +86,7 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     child, marker = spawn_agent(tmp_path, "killed-in-tool", "tool")
-    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+    kill_at_marker(child, marker, MARKERS["tool"], stderr=marker.with_suffix(".stderr"))
 
     ledger = (tmp_path / "ledger.jsonl").read_text().splitlines()
     assert [json.loads(line)["idempotencyKey"] for line in ledger] == [CALL_ID]
@@ -153,7 +134,7 @@ def test_sigkill_inside_the_model_request_keeps_the_whole_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     child, marker = spawn_agent(tmp_path, "killed-in-request", "request")
-    kill_at_marker(child, marker, MARKERS["request"], tmp_path)
+    kill_at_marker(child, marker, MARKERS["request"], stderr=marker.with_suffix(".stderr"))
 
     status, out, err = run_cli(
         capsys, "recover", tmp_path / "sessions", "killed-in-request", "--json"
@@ -179,7 +160,7 @@ def test_without_the_policy_the_side_effect_outruns_the_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     child, marker = spawn_agent(tmp_path, "no-policy", "tool", no_policy=True)
-    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+    kill_at_marker(child, marker, MARKERS["tool"], stderr=marker.with_suffix(".stderr"))
 
     assert len((tmp_path / "ledger.jsonl").read_text().splitlines()) == 1
     root = tmp_path / "sessions"
@@ -229,7 +210,7 @@ def crashed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path / "sessions"
     assert cli.main(["agent", "--root", str(root), "--session", "complete"]) == 0
     child, marker = spawn_agent(tmp_path, "crashed", "tool")
-    kill_at_marker(child, marker, MARKERS["tool"], tmp_path)
+    kill_at_marker(child, marker, MARKERS["tool"], stderr=marker.with_suffix(".stderr"))
     with open(root / "crashed" / "session.jsonl", "ab") as log:
         log.write(b'{"type":"tool/result","seq":9,"ti')
     for lock in root.glob("*/session.lock"):

@@ -8,10 +8,8 @@ means nothing), kills the child, and loads the session with recovery in this pro
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -24,13 +22,14 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
 )
 
+from .markers import kill_at_marker
+
 pytestmark = [
     pytest.mark.crash,
     pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"),
 ]
 
 SESSION = "semantic-checkpoint-crash"
-MARKER_TIMEOUT = 30.0
 
 
 def kill_at(tmp_path: Path, hang_at: str, expected: str, *extra: str) -> Path:
@@ -58,21 +57,7 @@ def kill_at(tmp_path: Path, hang_at: str, expected: str, *extra: str) -> Path:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
-        deadline = time.monotonic() + MARKER_TIMEOUT
-        while (content := marker.read_text()) != expected:
-            assert expected.startswith(content), f"unexpected marker content {content!r}"
-            assert child.poll() is None, child.communicate()[1].decode()
-            assert time.monotonic() < deadline, "the child never reached its marker"
-            time.sleep(0.01)  # polling the marker's content is the handshake
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(MARKER_TIMEOUT) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        assert child.stderr is not None
-        child.stderr.close()
+    kill_at_marker(child, marker, expected)
     return root
 
 

@@ -14,10 +14,8 @@ more turn, which must run on the recovered transcript and persist.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +42,7 @@ from kai_session_checkpoint_policy.persistence import (
 from . import figures
 from .crash_child import CRASH_SESSION, started_calls
 from .invariants import Expected, check_recovery, decode_event, transcript_problems
+from .markers import kill_at_marker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -57,7 +56,6 @@ pytestmark = [
 ]
 
 CHILD: Final = Path(__file__).with_name("crash_child.py")
-MARKER_TIMEOUT: Final = 30.0
 PARALLEL: Final = 4
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 
@@ -124,21 +122,7 @@ def kill_at(directory: Path, backend: str, window: float, point: str) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
-        deadline = time.monotonic() + MARKER_TIMEOUT
-        while (content := marker.read_text()) != point:
-            assert point.startswith(content), f"unexpected marker content {content!r}"
-            assert child.poll() is None, f"exited before {point!r}: {child.communicate()[1]!r}"
-            assert time.monotonic() < deadline, f"the child never reached {point!r}"
-            time.sleep(0.005)  # polling the marker's content is the handshake
-        child.send_signal(signal.SIGKILL)
-        assert child.wait(MARKER_TIMEOUT) == -signal.SIGKILL, "the child did not die by SIGKILL"
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        assert child.stderr is not None
-        child.stderr.close()
+    kill_at_marker(child, marker, point)
 
 
 def recover(directory: Path, point: str) -> Run:
