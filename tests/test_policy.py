@@ -9,7 +9,6 @@ tool body.
 from __future__ import annotations
 
 from contextlib import aclosing
-from functools import partial
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
@@ -34,11 +33,13 @@ from kai_session_checkpoint_policy import (
     policy,
 )
 
+from .plugins import FlushListener
+
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Generator
 
     from kai_session_checkpoint_policy import JSON, Session
-    from kai_session_checkpoint_policy.hookspecs import FlushThunk, ToolThunk
+    from kai_session_checkpoint_policy.hookspecs import ToolThunk
     from kai_session_checkpoint_policy.host import StreamChunk
     from kai_session_checkpoint_policy.persistence import StoredLog
 
@@ -63,37 +64,6 @@ class StubPersistence:
     @hookimpl
     def host_unconfigure(self, host: Host) -> None:
         host.session_persistence = None
-
-
-class FlushListener:
-    """A ``session_flush`` plugin: records ``flush:start``/``flush:end``, may wait or fail."""
-
-    name = "flush-listener"
-
-    def __init__(
-        self,
-        order: list[str],
-        *,
-        gate: anyio.Event | None = None,
-        error: Exception | None = None,
-    ) -> None:
-        self.order = order
-        self.gate = gate
-        self.error = error
-        self.sessions: list[str] = []
-
-    @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk:
-        return partial(self._flush, session)
-
-    async def _flush(self, session: Session) -> None:
-        self.sessions.append(session.id)
-        if self.error is not None:
-            raise self.error
-        self.order.append("flush:start")
-        if self.gate is not None:
-            await self.gate.wait()
-        self.order.append("flush:end")
 
 
 class RecordingAdapter:
@@ -155,7 +125,7 @@ async def test_r1_awaits_the_live_session_checkpoint_before_building_the_model_s
     session = host.sessions.create("request-checkpoint")
     session.append("turn/start", {"turn": 1})
     gate = anyio.Event()
-    host.register(FlushListener(order, gate=gate))
+    host.register(FlushListener("flush", order, gate=gate))
     chunks: list[StreamChunk] = []
 
     async def consume() -> None:
@@ -174,7 +144,7 @@ async def test_r1_awaits_the_live_session_checkpoint_before_building_the_model_s
 async def test_r2_delegates_a_request_without_a_session_without_checkpointing(
     host: Host, order: list[str]
 ) -> None:
-    listener = FlushListener(order)
+    listener = FlushListener("flush", order)
     host.register(listener)
 
     assert await drain(host) == [Finish("stop")]
@@ -186,7 +156,7 @@ async def test_r2_delegates_a_request_without_a_session_without_checkpointing(
 async def test_r3_delegates_a_session_id_that_is_not_live_without_checkpointing(
     host: Host, order: list[str]
 ) -> None:
-    listener = FlushListener(order)
+    listener = FlushListener("flush", order)
     host.register(listener)
     detached = host.sessions.create("was-live")
     host.sessions.detach(detached)
@@ -203,13 +173,13 @@ async def test_r4_does_not_dispatch_the_adapter_when_the_checkpoint_fails(
 ) -> None:
     session = host.sessions.create("request-rejected")
     failure = OSError("disk unavailable")
-    host.register(FlushListener(order, error=failure))
+    host.register(FlushListener("flush", order, error=failure))
 
     with pytest.raises(OSError, match="disk unavailable") as raised:
         await drain(host, session.id)
 
     assert raised.value is failure
-    assert order == []
+    assert order == ["flush:start", "flush:failed"]  # and no "adapter"
 
 
 # Tool and step boundaries
@@ -220,7 +190,7 @@ async def test_t1_awaits_the_checkpoint_before_a_top_level_tool_body(
 ) -> None:
     session = host.sessions.create("tool-checkpoint")
     gate = anyio.Event()
-    host.register(FlushListener(order, gate=gate))
+    host.register(FlushListener("flush", order, gate=gate))
     execution = ToolExecution(
         "write-1", "write", {}, AbortController().signal, agent=agent_for(host, session)
     )
@@ -244,7 +214,7 @@ async def test_t2_does_not_dispatch_when_the_call_is_aborted_during_the_checkpoi
 ) -> None:
     session = host.sessions.create("tool-aborted")
     gate = anyio.Event()
-    host.register(FlushListener(order, gate=gate))
+    host.register(FlushListener("flush", order, gate=gate))
     controller = AbortController()
     execution = ToolExecution(
         "write-1", "write", {}, controller.signal, agent=agent_for(host, session)
@@ -288,7 +258,7 @@ async def test_t2_the_aborted_result_does_not_reach_inner_wrappers(order: list[s
     async with make_host(order, with_policy=True, inner=(InnerToolWrapper(order),)) as host:
         session = host.sessions.create("tool-aborted")
         gate = anyio.Event()
-        host.register(FlushListener(order, gate=gate))
+        host.register(FlushListener("flush", order, gate=gate))
         controller = AbortController()
         execution = ToolExecution(
             "write-1", "write", {}, controller.signal, agent=agent_for(host, session)
@@ -312,7 +282,7 @@ async def test_t3_turns_a_failed_checkpoint_into_an_error_result_without_running
     host: Host, order: list[str]
 ) -> None:
     session = host.sessions.create("tool-rejected")
-    host.register(FlushListener(order, error=OSError("disk unavailable")))
+    host.register(FlushListener("flush", order, error=OSError("disk unavailable")))
     execution = ToolExecution(
         "write-1", "write", {}, AbortController().signal, agent=agent_for(host, session)
     )
@@ -326,14 +296,14 @@ async def test_t3_turns_a_failed_checkpoint_into_an_error_result_without_running
         is_error=True,
         error=ToolError("disk unavailable"),
     )
-    assert order == []
+    assert order == ["flush:start", "flush:failed"]  # and no "tool"
 
 
 async def test_t4_reuses_the_outer_checkpoint_for_a_nested_tool_dispatch(
     host: Host, order: list[str]
 ) -> None:
     session = host.sessions.create("tool-nested")
-    listener = FlushListener(order)
+    listener = FlushListener("flush", order)
     host.register(listener)
     signal = AbortController().signal
     agent = agent_for(host, session)
@@ -349,7 +319,7 @@ async def test_t4_reuses_the_outer_checkpoint_for_a_nested_tool_dispatch(
 
 async def test_t5_checkpoints_during_pre_step_processing(host: Host, order: list[str]) -> None:
     session = host.sessions.create("pre-step")
-    listener = FlushListener(order)
+    listener = FlushListener("flush", order)
     host.register(listener)
     step = PreStep(agent_for(host, session), turn=1, step=1, signal=AbortController().signal)
 
@@ -366,7 +336,7 @@ async def test_t5_checkpoints_during_pre_step_processing(host: Host, order: list
 async def test_l1_unregistering_the_policy_removes_its_wrappers(order: list[str]) -> None:
     async with make_host(order, with_policy=False) as host:
         session = host.sessions.create("disposed-policy")
-        listener = FlushListener([])
+        listener = FlushListener("flush", [])
         host.register(listener)
 
         await drain(host, session.id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -19,44 +18,14 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.host import SessionError
 
+from .plugins import FlushListener
+
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Generator
 
     from kai_session_checkpoint_policy.hookspecs import FlushThunk
 
 pytestmark = pytest.mark.anyio
-
-
-class Listener:
-    """A ``session_flush`` plugin that records its steps and may wait for a gate or fail."""
-
-    def __init__(
-        self,
-        name: str,
-        order: list[str],
-        *,
-        gate: anyio.Event | None = None,
-        error: Exception | None = None,
-    ) -> None:
-        self.name = name
-        self.order = order
-        self.gate = gate
-        self.error = error
-        self.sessions: list[str] = []
-
-    @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk:
-        return partial(self._flush, session)
-
-    async def _flush(self, session: Session) -> None:
-        self.sessions.append(session.id)
-        self.order.append(f"{self.name}:start")
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.error is not None:
-            self.order.append(f"{self.name}:failed")
-            raise self.error
-        self.order.append(f"{self.name}:end")
 
 
 class BrokenBuilder:
@@ -127,7 +96,7 @@ async def test_flush_returns_false_without_a_listener(host: Host) -> None:
 @pytest.mark.parametrize("count", [1, 2, 3])
 async def test_flush_returns_true_with_listeners(host: Host, order: list[str], count: int) -> None:
     for index in range(count):
-        host.register(Listener(f"L{index}", order))
+        host.register(FlushListener(f"L{index}", order))
     session = host.sessions.create("heard")
 
     assert await host.sessions.flush(session) is True
@@ -141,7 +110,7 @@ async def test_flush_starts_every_listener_before_any_finishes(
 ) -> None:
     gate = anyio.Event()
     for name in ("A", "B", "C"):
-        host.register(Listener(name, order, gate=gate))
+        host.register(FlushListener(name, order, gate=gate))
     session = host.sessions.create("fan-out")
     outcome: list[object] = []
 
@@ -160,8 +129,8 @@ async def test_flush_waits_for_a_slow_listener_before_reporting_a_failure(
 ) -> None:
     gate = anyio.Event()
     failure = OSError("disk unavailable")
-    host.register(Listener("slow", order, gate=gate))
-    host.register(Listener("failing", order, error=failure))
+    host.register(FlushListener("slow", order, gate=gate))
+    host.register(FlushListener("failing", order, error=failure))
     session = host.sessions.create("settle")
     outcome: list[object] = []
 
@@ -180,8 +149,8 @@ async def test_flush_raises_the_first_failure_in_registration_order(
 ) -> None:
     gate = anyio.Event()
     first, second = OSError("first registered"), OSError("second registered")
-    host.register(Listener("A", order, gate=gate, error=first))
-    host.register(Listener("B", order, error=second))
+    host.register(FlushListener("A", order, gate=gate, error=first))
+    host.register(FlushListener("B", order, error=second))
     session = host.sessions.create("registration-order")
     outcome: list[object] = []
 
@@ -199,7 +168,7 @@ async def test_a_listener_failing_to_build_its_thunk_does_not_starve_later_ones(
     host: Host, order: list[str]
 ) -> None:
     failure = RuntimeError("build broke")
-    later = Listener("later", order)
+    later = FlushListener("later", order)
     host.register(BrokenBuilder(failure))
     host.register(later)
     session = host.sessions.create("build-failure")
@@ -235,7 +204,7 @@ class EventWrapper:
 async def test_a_wrapper_of_a_per_implementation_hook_is_refused_when_registered(
     host: Host, order: list[str], plugin: object, hook: str
 ) -> None:
-    host.register(Listener("L", order))
+    host.register(FlushListener("L", order))
     name = getattr(plugin, "name", "")
 
     with pytest.raises(TypeError, match=rf"^{hook} cannot be a hook wrapper \({name}\)$"):
@@ -248,7 +217,7 @@ async def test_a_wrapper_of_a_per_implementation_hook_is_refused_when_registered
 
 async def test_a_single_listener_failure_propagates_as_is(host: Host, order: list[str]) -> None:
     failure = OSError("disk unavailable")
-    host.register(Listener("only", order, error=failure))
+    host.register(FlushListener("only", order, error=failure))
 
     with pytest.raises(OSError, match=r"^disk unavailable$") as raised:
         await host.sessions.flush(host.sessions.create("single"))
@@ -259,7 +228,7 @@ async def test_a_single_listener_failure_propagates_as_is(host: Host, order: lis
 async def test_flush_rejects_a_session_never_created_in_the_store(
     host: Host, order: list[str]
 ) -> None:
-    listener = Listener("L", order)
+    listener = FlushListener("L", order)
     host.register(listener)
 
     with pytest.raises(SessionNotLiveError, match=r"^session 'loose' is not live in this store$"):
@@ -269,7 +238,7 @@ async def test_flush_rejects_a_session_never_created_in_the_store(
 
 
 async def test_flush_rejects_a_detached_session(host: Host, order: list[str]) -> None:
-    listener = Listener("L", order)
+    listener = FlushListener("L", order)
     host.register(listener)
     session = host.sessions.create("detached")
     host.sessions.detach(session)
@@ -283,7 +252,7 @@ async def test_flush_rejects_a_detached_session(host: Host, order: list[str]) ->
 async def test_flush_rejects_a_stale_session_whose_id_is_live_again(
     host: Host, order: list[str]
 ) -> None:
-    listener = Listener("L", order)
+    listener = FlushListener("L", order)
     host.register(listener)
     stale = host.sessions.create("reused")
     host.sessions.detach(stale)
@@ -298,7 +267,7 @@ async def test_flush_rejects_a_stale_session_whose_id_is_live_again(
 
 
 async def test_flush_rejects_a_session_of_another_store(host: Host, order: list[str]) -> None:
-    listener = Listener("L", order)
+    listener = FlushListener("L", order)
     host.register(listener)
     async with Host(autoload=False) as other:
         foreign = other.sessions.create("foreign")
