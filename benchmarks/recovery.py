@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from kai_session_checkpoint_policy.events import encode_data
+from kai_session_checkpoint_policy import TextBlock, ToolResult
+from kai_session_checkpoint_policy.events import encode_data, tool_result_data
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, encode_session_id
 from kai_session_checkpoint_policy.persistence.format import (
     LOG_NAME,
@@ -104,20 +105,8 @@ def _turn(turn: int, chunks: int, *, closed: bool) -> Iterator[tuple[str, JSONOb
             )
             if not closed:
                 return
-            result: JSONObject = {
-                "id": f"tool-result-{call_id}",
-                "role": "user",
-                "source": {"kind": "tool", "callId": call_id},
-                "content": [
-                    {
-                        "type": "tool-result",
-                        "toolCallId": call_id,
-                        "isError": False,
-                        "content": [{"type": "text", "text": '{"answer": 42}'}],
-                    }
-                ],
-            }
-            yield "tool/result", {"turn": turn, "step": 1, "message": result}
+            answer = ToolResult((TextBlock('{"answer": 42}'),))
+            yield "tool/result", tool_result_data(turn, 1, call_id, answer)
         yield "step/end", {"turn": turn, "step": step}
     yield "turn/end", {"turn": turn, "reason": {"kind": "completed"}}
 

@@ -7,7 +7,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kai_session_checkpoint_policy.events import JSON, JSONObject, SessionEvent, encode_data
+from kai_session_checkpoint_policy import TextBlock, ToolResult
+from kai_session_checkpoint_policy.events import (
+    JSON,
+    JSONObject,
+    SessionEvent,
+    encode_data,
+    tool_result_data,
+)
 from kai_session_checkpoint_policy.persistence import OsFiles
 from kai_session_checkpoint_policy.persistence.format import (
     LOG_NAME,
@@ -57,20 +64,8 @@ def tool_call(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
 
 
 def tool_result(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
-    message: JSONObject = {
-        "id": f"r-{call_id}",
-        "role": "user",
-        "source": {"kind": "tool", "callId": call_id},
-        "content": [
-            {
-                "type": "tool-result",
-                "toolCallId": call_id,
-                "isError": False,
-                "content": [{"type": "text", "text": "ok"}],
-            }
-        ],
-    }
-    return "tool/result", {"turn": turn, "step": step, "message": message}
+    """A ``tool/result`` event as the host records it, answering *call_id* with ``ok``."""
+    return "tool/result", tool_result_data(turn, step, call_id, ToolResult((TextBlock("ok"),)))
 
 
 COMPLETE_TURN: list[tuple[str, JSONObject]] = [
