@@ -185,15 +185,21 @@ async def test_r4_does_not_dispatch_the_adapter_when_the_checkpoint_fails(
 # Tool and step boundaries
 
 
-async def test_t1_awaits_the_checkpoint_before_a_top_level_tool_body(
-    host: Host, order: list[str]
-) -> None:
-    session = host.sessions.create("tool-checkpoint")
+async def execute_with_the_checkpoint_held(
+    host: Host,
+    order: list[str],
+    session: Session,
+    controller: AbortController | None = None,
+) -> ToolResult:
+    """Execute a top-level ``write`` call while its checkpoint is held open.
+
+    Once the flush has started and every task is blocked, the order must show only the flush;
+    then *controller*, if given, aborts the call, and the flush is let go.
+    """
     gate = anyio.Event()
     host.register(FlushListener("flush", order, gate=gate))
-    execution = ToolExecution(
-        "write-1", "write", {}, AbortController().signal, agent=agent_for(host, session)
-    )
+    signal = (controller or AbortController()).signal
+    execution = ToolExecution("write-1", "write", {}, signal, agent=agent_for(host, session))
     results: list[ToolResult] = []
 
     async def execute() -> None:
@@ -203,9 +209,21 @@ async def test_t1_awaits_the_checkpoint_before_a_top_level_tool_body(
         group.start_soon(execute)
         await anyio.wait_all_tasks_blocked()
         assert order == ["flush:start"]
+        if controller is not None:
+            controller.abort("user")
         gate.set()
+    (result,) = results
+    return result
 
-    assert results == [ToolResult(content=(TextBlock("null"),), is_error=False)]
+
+async def test_t1_awaits_the_checkpoint_before_a_top_level_tool_body(
+    host: Host, order: list[str]
+) -> None:
+    session = host.sessions.create("tool-checkpoint")
+
+    result = await execute_with_the_checkpoint_held(host, order, session)
+
+    assert result == ToolResult(content=(TextBlock("null"),), is_error=False)
     assert order == ["flush:start", "flush:end", "tool"]
 
 
@@ -213,25 +231,10 @@ async def test_t2_does_not_dispatch_when_the_call_is_aborted_during_the_checkpoi
     host: Host, order: list[str]
 ) -> None:
     session = host.sessions.create("tool-aborted")
-    gate = anyio.Event()
-    host.register(FlushListener("flush", order, gate=gate))
-    controller = AbortController()
-    execution = ToolExecution(
-        "write-1", "write", {}, controller.signal, agent=agent_for(host, session)
-    )
-    results: list[ToolResult] = []
 
-    async def execute() -> None:
-        results.append(await host.tools.execute(execution))
+    result = await execute_with_the_checkpoint_held(host, order, session, AbortController())
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(execute)
-        await anyio.wait_all_tasks_blocked()
-        assert order == ["flush:start"]
-        controller.abort("user")
-        gate.set()
-
-    assert results == [aborted_before_dispatch()]
+    assert result == aborted_before_dispatch()
     assert order == ["flush:start", "flush:end"]
 
 
@@ -257,24 +260,10 @@ class InnerToolWrapper:
 async def test_t2_the_aborted_result_does_not_reach_inner_wrappers(order: list[str]) -> None:
     async with make_host(order, with_policy=True, inner=(InnerToolWrapper(order),)) as host:
         session = host.sessions.create("tool-aborted")
-        gate = anyio.Event()
-        host.register(FlushListener("flush", order, gate=gate))
-        controller = AbortController()
-        execution = ToolExecution(
-            "write-1", "write", {}, controller.signal, agent=agent_for(host, session)
-        )
-        results: list[ToolResult] = []
 
-        async def execute() -> None:
-            results.append(await host.tools.execute(execution))
+        result = await execute_with_the_checkpoint_held(host, order, session, AbortController())
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(execute)
-            await anyio.wait_all_tasks_blocked()
-            controller.abort("user")
-            gate.set()
-
-    assert results == [aborted_before_dispatch()]
+    assert result == aborted_before_dispatch()
     assert order == ["flush:start", "flush:end"]
 
 
