@@ -52,6 +52,7 @@ EVENT_TYPES: Final = frozenset(
 _encoder: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 _decoder: Final = json.JSONDecoder()
 _encode_string: Final = json.encoder.encode_basestring_ascii
+_ENCODED_TYPES: Final = {event_type: _encode_string(event_type) for event_type in EVENT_TYPES}
 _make_c_encoder: Final[Callable[..., Callable[[object, int], Iterable[str]]] | None] = getattr(
     json.encoder, "c_make_encoder", None
 )
@@ -96,9 +97,10 @@ class SessionEvent:
 
     def encode(self) -> str:
         """Return the envelope as one line of compact JSON, without the newline."""
+        encoded_type = _ENCODED_TYPES.get(self.type) or _encode_string(self.type)
         return (
-            f'{{"type":{_encode_string(self.type)},"seq":{self.seq},'
-            f'"time":{self.time},"data":{self.data_json or _encode(self.data)}}}'
+            f'{{"type":{encoded_type},"seq":{self.seq},"time":{self.time},'
+            f'"data":{self.data_json or _encode(self.data)}}}'
         )
 
 

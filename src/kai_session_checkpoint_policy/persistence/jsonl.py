@@ -424,7 +424,7 @@ class JsonlSessionPersistence:
                 f"position {index} of a batch; the log on disk holds {log.count} events, "
                 f"so seq {log.count + index} was expected"
             )
-        data = "".join([f"{event.encode()}\n" for event in batch]).encode()
+        data = ("\n".join([event.encode() for event in batch]) + "\n").encode()
         if log.size == 0:  # the file does not exist yet
             header = encode_header(SessionHeader(writer.session_id, batch[0].time))
             self.files.publish(log.path, header + data)
