@@ -10,7 +10,7 @@ import gc
 import warnings
 from contextlib import aclosing
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, Literal
 
 import anyio
 import pytest
@@ -208,22 +208,61 @@ async def test_wrappers_nest_around_the_policy_in_build_and_run_order(
     ]
 
 
-async def test_a_stream_build_error_reaches_the_caller_before_any_flush(
+ORDER_AFTER_INNER_ERROR: Final = {
+    "build": ["inner:build"],  # before the policy's wrapper runs: no flush
+    "run": ["inner:build", "inner:wrap", "flush:start", "flush:end", "inner:run"],
+}
+"""What happens before the inner wrapper fails while building its thunk, or running it."""
+
+
+def inner_wrapper_failing(
+    order: list[str], stage: Literal["build", "run"], failure: Exception
+) -> InnerWrapper:
+    if stage == "build":
+        return InnerWrapper(order, build_error=failure)
+    return InnerWrapper(order, run_error=failure)
+
+
+@pytest.mark.parametrize("stage", ["build", "run"])
+async def test_a_stream_error_of_an_inner_wrapper_reaches_the_caller(
+    stage: Literal["build", "run"],
     kai_order: list[str],
     kai_flush_recorder: FlushRecorder,
     kai_recording_adapter: RecordingAdapter,
 ) -> None:
-    failure = RuntimeError("inner build broke")
-    inner = InnerWrapper(kai_order, build_error=failure)
+    failure = RuntimeError(f"inner {stage} broke")
+    inner = inner_wrapper_failing(kai_order, stage, failure)
     async with make_host(kai_flush_recorder, kai_recording_adapter, inner, policy) as host:
-        session = host.sessions.create("build-error")
+        session = host.sessions.create(f"{stage}-error")
 
-        with pytest.raises(RuntimeError, match=r"^inner build broke$") as raised:
+        with pytest.raises(RuntimeError, match=rf"^inner {stage} broke$") as raised:
             await drain(host, session)
 
     assert raised.value is failure
-    assert kai_order == ["inner:build"]
-    assert kai_flush_recorder.flushes == []
+    assert kai_order == ORDER_AFTER_INNER_ERROR[stage]
+    assert kai_flush_recorder.flushes == ([] if stage == "build" else ["run-error"])
+
+
+@pytest.mark.parametrize("stage", ["build", "run"])
+async def test_a_tool_error_of_an_inner_wrapper_becomes_an_error_result(
+    stage: Literal["build", "run"],
+    kai_order: list[str],
+    kai_flush_recorder: FlushRecorder,
+    kai_recording_adapter: RecordingAdapter,
+) -> None:
+    inner = inner_wrapper_failing(kai_order, stage, RuntimeError(f"inner {stage} broke"))
+    async with make_host(kai_flush_recorder, kai_recording_adapter, inner, policy) as host:
+        session = host.sessions.create(f"tool-{stage}-error")
+
+        result = await host.tools.execute(top_level_call(host, session))
+
+    assert result == ToolResult(
+        content=(TextBlock(f"Error: inner {stage} broke"),),
+        is_error=True,
+        error=ToolError(f"inner {stage} broke"),
+    )
+    assert kai_order == ORDER_AFTER_INNER_ERROR[stage]
+    assert kai_flush_recorder.flushes == ([] if stage == "build" else ["tool-run-error"])
 
 
 async def test_an_unknown_provider_is_a_build_error_of_the_innermost_plugin(
@@ -236,64 +275,6 @@ async def test_an_unknown_provider_is_a_build_error_of_the_innermost_plugin(
             await drain(host, session, provider="nope")
 
     assert kai_flush_recorder.flushes == []
-
-
-async def test_a_stream_run_error_reaches_the_caller_after_the_checkpoint(
-    kai_order: list[str],
-    kai_flush_recorder: FlushRecorder,
-    kai_recording_adapter: RecordingAdapter,
-) -> None:
-    failure = RuntimeError("inner run broke")
-    inner = InnerWrapper(kai_order, run_error=failure)
-    async with make_host(kai_flush_recorder, kai_recording_adapter, inner, policy) as host:
-        session = host.sessions.create("run-error")
-
-        with pytest.raises(RuntimeError, match=r"^inner run broke$") as raised:
-            await drain(host, session)
-
-    assert raised.value is failure
-    assert kai_order == ["inner:build", "inner:wrap", "flush:start", "flush:end", "inner:run"]
-    assert kai_flush_recorder.flushes == ["run-error"]
-
-
-async def test_a_tool_build_error_becomes_an_error_result_without_a_flush(
-    kai_order: list[str],
-    kai_flush_recorder: FlushRecorder,
-    kai_recording_adapter: RecordingAdapter,
-) -> None:
-    inner = InnerWrapper(kai_order, build_error=RuntimeError("inner build broke"))
-    async with make_host(kai_flush_recorder, kai_recording_adapter, inner, policy) as host:
-        session = host.sessions.create("tool-build-error")
-
-        result = await host.tools.execute(top_level_call(host, session))
-
-    assert result == ToolResult(
-        content=(TextBlock("Error: inner build broke"),),
-        is_error=True,
-        error=ToolError("inner build broke"),
-    )
-    assert kai_order == ["inner:build"]
-    assert kai_flush_recorder.flushes == []
-
-
-async def test_a_tool_run_error_becomes_an_error_result_after_the_checkpoint(
-    kai_order: list[str],
-    kai_flush_recorder: FlushRecorder,
-    kai_recording_adapter: RecordingAdapter,
-) -> None:
-    inner = InnerWrapper(kai_order, run_error=RuntimeError("inner run broke"))
-    async with make_host(kai_flush_recorder, kai_recording_adapter, inner, policy) as host:
-        session = host.sessions.create("tool-run-error")
-
-        result = await host.tools.execute(top_level_call(host, session))
-
-    assert result == ToolResult(
-        content=(TextBlock("Error: inner run broke"),),
-        is_error=True,
-        error=ToolError("inner run broke"),
-    )
-    assert kai_order == ["inner:build", "inner:wrap", "flush:start", "flush:end", "inner:run"]
-    assert kai_flush_recorder.flushes == ["tool-run-error"]
 
 
 async def test_thunks_that_are_never_called_leave_no_warning_and_no_flush(
