@@ -25,10 +25,10 @@ from kai_session_checkpoint_policy import (
     Tool,
     ToolCallRequest,
     ToolExecution,
-    hookimpl,
     policy,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder
 
 from ._support import CHUNK_DATA, Baseline, Summary, TimedFiles, summarize
 
@@ -36,10 +36,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
     from pathlib import Path
 
-    from kai_session_checkpoint_policy import JSON, Session, SessionEvent
-    from kai_session_checkpoint_policy.hookspecs import FlushThunk
+    from kai_session_checkpoint_policy import JSON, Session
     from kai_session_checkpoint_policy.host import StreamChunk
-    from kai_session_checkpoint_policy.persistence import PersistenceStatistics, StoredLog
+    from kai_session_checkpoint_policy.persistence import PersistenceStatistics
 
 __all__ = ["Plan", "run_all"]
 
@@ -315,44 +314,6 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
 # -- 4. policy overhead per boundary ----------------------------------------------------------
 
 
-class MemoryPersistence:
-    """An in-memory persistence stub: events are 'durable' once a flush thunk has run."""
-
-    name = "bench-memory-persistence"
-
-    def __init__(self) -> None:
-        self.pending: list[SessionEvent] = []
-        self.durable: list[SessionEvent] = []
-        self.flushes = 0
-
-    async def load(self, session_id: str) -> StoredLog:
-        raise NotImplementedError("the stub keeps nothing to load")
-
-    async def inspect(self, session_id: str) -> StoredLog:
-        raise NotImplementedError("the stub keeps nothing to inspect")
-
-    @hookimpl
-    def host_configure(self, host: Host) -> None:
-        host.session_persistence = self
-
-    @hookimpl
-    def host_unconfigure(self, host: Host) -> None:
-        host.session_persistence = None
-
-    @hookimpl
-    def session_event(self, session: Session, event: SessionEvent) -> None:
-        self.pending.append(event)
-
-    @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk:
-        return self._flush
-
-    async def _flush(self) -> None:
-        self.flushes += 1
-        self.durable += self.pending
-        self.pending.clear()
-
-
 async def _scripted_model(request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
     """Step 1 asks for one tool call; once the transcript ends with its result, answer."""
     last = request.messages[-1] if request.messages else {}
@@ -374,9 +335,10 @@ BOUNDARIES_PER_TURN = 5
 """Two pre-steps, two model requests and one tool call."""
 
 
-def _policy_host(with_policy: bool) -> tuple[Host, MemoryPersistence]:
-    stub = MemoryPersistence()
-    plugins: list[object] = [stub]
+def _policy_host(with_policy: bool) -> tuple[Host, FlushRecorder]:
+    """A host whose persistence is the pytest plugin's in-memory flush recorder."""
+    stub = FlushRecorder()
+    plugins: list[object] = [stub.plugin]
     if with_policy:
         plugins.insert(0, policy)
     host = Host(plugins, autoload=False)
@@ -410,13 +372,13 @@ async def policy_overhead(baseline: Baseline, plan: Plan) -> dict[str, object]:
                 timed[True].append(await _turn(with_host))
                 timed[False].append(await _turn(without_host))
     turns = len(timed[True])
-    if with_stub.flushes != BOUNDARIES_PER_TURN * turns or without_stub.flushes:
+    if len(with_stub.flushes) != BOUNDARIES_PER_TURN * turns or without_stub.flushes:
         raise RuntimeError("the policy did not checkpoint every boundary exactly once")
     with_policy, without_policy = summarize(timed[True]), summarize(timed[False])
     return {
         "turns": turns,
         "boundaries_per_turn": BOUNDARIES_PER_TURN,
-        "flushes_per_turn": with_stub.flushes / turns,
+        "flushes_per_turn": len(with_stub.flushes) / turns,
         "turn_with_policy_us": with_policy.to_json(),
         "turn_without_policy_us": without_policy.to_json(),
         "overhead_per_boundary_us": round(
