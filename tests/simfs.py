@@ -498,10 +498,6 @@ class SimFiles(OsFiles):
             self._check("open", rel)
             return self._open(self._file(rel), rel)
 
-    def size(self, fd: int) -> int:
-        with self._lock:
-            return len(self._files[self._handles[fd].node].cache)
-
     def write(self, fd: int, data: bytes) -> None:
         if not data:
             return  # the real layer makes no call at all

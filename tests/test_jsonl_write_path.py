@@ -16,6 +16,8 @@ from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, O
 from kai_session_checkpoint_policy.persistence import jsonl as jsonl_module
 from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
+from .persistence_helpers import FailingFiles, GatedFiles
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -93,7 +95,7 @@ async def test_a_window_opened_after_a_flush_is_still_written_in_the_background(
         assert backend.statistics().batches == 3
 
 
-class ThreadRecordingFiles(OsFiles):
+class ThreadRecordingFiles(FailingFiles):
     """Real files that note which thread makes each ``write`` call, and signal each one."""
 
     def __init__(self) -> None:
@@ -108,24 +110,44 @@ class ThreadRecordingFiles(OsFiles):
         self.written.set()
 
 
-async def _flush_twice(backend: JsonlSessionPersistence) -> None:
-    """Flush one event into a new file (a publish), then one more (an append)."""
+async def _flush_three_times(backend: JsonlSessionPersistence) -> None:
+    """Flush one event into a new file (a publish), then one more twice (appends)."""
     async with Host([backend], autoload=False) as host:
         session = host.sessions.create("placed")
-        for turn in (1, 2):
+        for turn in (1, 2, 3):
             session.append("turn/start", {"turn": turn})
             await host.sessions.flush(session)
 
 
-async def test_an_awaited_flush_on_an_idle_asyncio_loop_writes_on_the_loop_thread(
+async def test_an_awaited_append_on_an_idle_asyncio_loop_is_written_on_the_loop_thread(
     tmp_path: Path, anyio_backend: str
 ) -> None:
     files = ThreadRecordingFiles()
-    # A limit no write here reaches: creating the file may take more than the default 2 ms.
-    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
-    # trio does not tell whether tasks of its current batch have yet to run.
-    expected = "loop" if anyio_backend == "asyncio" else "worker"
-    assert files.threads == [expected, expected]
+    # A limit no write here reaches, so that only the kind of write and the loop decide.
+    await _flush_three_times(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
+    # Creating the file stays off the loop; trio does not tell whether tasks of its current
+    # batch have yet to run.
+    appends = "loop" if anyio_backend == "asyncio" else "worker"
+    assert files.threads == ["worker", appends, appends]
+
+
+async def test_after_a_failed_write_the_log_is_read_again_off_the_loop(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    files = ThreadRecordingFiles()
+    backend = JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("suspect")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        session.append("step/start", {"turn": 1, "step": 1})
+        files.fail["fsync"] = 1
+        with pytest.raises(OSError, match="injected fsync failure"):
+            await host.sessions.flush(session)
+        await host.sessions.flush(session)  # re-reads the log, then writes the batch again
+    appends = "loop" if anyio_backend == "asyncio" else "worker"
+    assert files.threads == ["worker", appends, "worker"]
+    assert backend.statistics().batches == 2
 
 
 async def test_an_asyncio_loop_is_idle_only_while_no_other_task_is_ready(
@@ -144,23 +166,25 @@ async def test_an_awaited_flush_writes_in_a_worker_while_another_task_is_ready(
 ) -> None:
     files = ThreadRecordingFiles()
     monkeypatch.setattr(jsonl_module, "loop_is_idle", lambda: False)
-    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
-    assert files.threads == ["worker", "worker"]
+    await _flush_three_times(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
+    assert files.threads == ["worker", "worker", "worker"]
 
 
 async def test_a_zero_inline_write_limit_always_writes_in_a_worker(tmp_path: Path) -> None:
     files = ThreadRecordingFiles()
-    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=0, files=files))
-    assert files.threads == ["worker", "worker"]
+    await _flush_three_times(JsonlSessionPersistence(tmp_path, inline_write_limit=0, files=files))
+    assert files.threads == ["worker", "worker", "worker"]
 
 
 async def test_after_a_write_slower_than_the_limit_the_next_goes_to_a_worker(
-    tmp_path: Path, anyio_backend: str
+    tmp_path: Path,
 ) -> None:
     files = ThreadRecordingFiles()
-    # Every real write takes longer than a nanosecond; the first has no history yet.
-    await _flush_twice(JsonlSessionPersistence(tmp_path, inline_write_limit=1e-9, files=files))
-    assert files.threads == ["loop" if anyio_backend == "asyncio" else "worker", "worker"]
+    # Every real write takes longer than a nanosecond: the appends, which an idle asyncio loop
+    # would take with a long limit (above), go to a worker.
+    backend = JsonlSessionPersistence(tmp_path, inline_write_limit=1e-9, files=files)
+    await _flush_three_times(backend)
+    assert files.threads == ["worker", "worker", "worker"]
 
 
 async def test_a_background_batch_is_written_in_a_worker(tmp_path: Path) -> None:
@@ -210,3 +234,46 @@ async def test_a_flush_that_writes_on_the_loop_returns_without_a_scheduler_round
 
     # The task started during the write runs at the caller's next await, not inside the flush.
     assert order == ["written", "flushed", "other task"]
+
+
+async def test_closing_drains_events_admitted_meanwhile_and_releases_every_session(
+    tmp_path: Path,
+) -> None:
+    files = GatedFiles()
+    backend = JsonlSessionPersistence(tmp_path, inline_write_limit=0, files=files)
+    async with Host([backend], autoload=False) as host:
+        first, second = host.sessions.create("first"), host.sessions.create("second")
+        for session in (first, second):
+            session.append("turn/start", {"turn": 1})
+            await host.sessions.flush(session)
+        second.append("step/start", {"turn": 1, "step": 1})
+        files.gate_next = True
+        async with anyio.create_task_group() as group:
+            group.start_soon(backend.aclose)
+            assert await anyio.to_thread.run_sync(files.entered.wait, 10)  # draining "second"
+            first.append("step/start", {"turn": 1, "step": 1})  # after "first" was drained
+            files.release.set()
+        assert backend.statistics().sessions == 0
+    for session_id in ("first", "second"):  # durable, and no lock is left held
+        loaded = await JsonlSessionPersistence(tmp_path).load(session_id)
+        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+
+
+async def test_a_failed_background_batch_is_written_again_in_the_next_window(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = FailingFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, files=files)
+    async with Host([backend], autoload=False) as host:
+        session = host.sessions.create("retried")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        files.fail["fsync"] = 1
+        session.append("step/start", {"turn": 1, "step": 1})  # opens a window; nothing else
+        with anyio.fail_after(10):  # the window's write fails; the next window's holds
+            while backend.durable_count("retried") < 2:
+                await anyio.lowlevel.checkpoint()  # no flush: only the windows write
+        assert files.fail == {"fsync": 0}
+    assert [record.getMessage() for record in caplog.records] == [
+        "background write of session 'retried' failed; the batch stays queued for the next window"
+    ]

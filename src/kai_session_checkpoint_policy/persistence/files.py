@@ -2,7 +2,8 @@
 
 Each method is one small step (one write, one fsync, one truncate), so a test can replace this
 class to fail the Nth write or fsync, or to keep unsynced bytes in memory and lose them at a
-simulated crash. Methods block; the backend calls them from worker threads.
+simulated crash. Methods block; the backend calls them from worker threads, and from the event
+loop's thread for a write it makes there.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import errno
 import fcntl
 import os
 import secrets
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,11 @@ class OsFiles:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self._counting = threading.Lock()  # sessions write from several threads at once
+
+    def _count(self, call: str) -> None:
+        with self._counting:
+            self.calls[call] += 1
 
     # -- directories --------------------------------------------------------------------------
 
@@ -62,7 +69,7 @@ class OsFiles:
     def fsync_dir(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            self.calls["fsync_dir"] += 1
+            self._count("fsync_dir")
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -124,23 +131,20 @@ class OsFiles:
         """Open an existing log for appending; a symlink is refused."""
         return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def size(self, fd: int) -> int:
-        return os.fstat(fd).st_size
-
     def write(self, fd: int, data: bytes) -> None:
         """Write all of *data*."""
         view = memoryview(data)
         while view:
-            self.calls["write"] += 1
+            self._count("write")
             written = os.write(fd, view)
             view = view[written:]
 
     def fsync(self, fd: int) -> None:
-        self.calls["fsync"] += 1
+        self._count("fsync")
         os.fsync(fd)
 
     def truncate(self, fd: int, size: int) -> None:
-        self.calls["truncate"] += 1
+        self._count("truncate")
         os.ftruncate(fd, size)
 
     def close(self, fd: int) -> None:

@@ -39,7 +39,7 @@ from ..events import EVENT_TYPES, JSON, SessionEvent
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Scan",
     "SessionHeader",
     "decode_session_id",
+    "encode_events",
     "encode_header",
     "encode_session_id",
     "scan_log",
@@ -154,6 +155,13 @@ def _decode_header(line: bytes, path: Path) -> SessionHeader:
     if type(created_at) is not int or created_at < 0:
         raise CorruptLogError(path, 1, "the header's createdAt is not a non-negative integer")
     return SessionHeader(session_id, created_at, version)
+
+
+def encode_events(events: Sequence[SessionEvent]) -> bytes:
+    """The log lines of *events*, each ending in a newline; nothing for no events."""
+    if not events:
+        return b""
+    return ("\n".join([event.encode() for event in events]) + "\n").encode()
 
 
 def _reject_constant(name: str) -> None:

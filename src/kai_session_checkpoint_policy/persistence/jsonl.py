@@ -14,8 +14,9 @@ partial bytes away and keeps the batch queued for the next flush; after a failur
 reopened and re-read before the next write, so a failed fsync is never taken for success.
 
 Where a write runs: a background batch always runs in a worker thread, since nobody waits for
-it. A flush that a caller awaits runs its write on the event loop's own thread when no other
-task is ready to run (which only asyncio tells; on trio, writes always go to worker threads)
+it (a failed one is tried again in the next window). A flush that a caller awaits appends on
+the event loop's own thread (never creates or re-reads a log there) when no other task is ready
+to run (which only asyncio tells; on trio, writes always go to worker threads)
 and the session's recent writes took less than ``inline_write_limit`` (2 ms by default):
 handing a call to a thread and waking the loop again when it returns costs about as much as a
 fast fsync (100-200 µs on a virtual machine), while a loop with nothing else to run loses
@@ -54,6 +55,7 @@ from .format import (
     LOG_NAME,
     SessionHeader,
     decode_session_id,
+    encode_events,
     encode_header,
     encode_session_id,
     scan_log,
@@ -71,7 +73,13 @@ if TYPE_CHECKING:
     from ..hookspecs import FlushThunk
     from ..host import Host, Session
 
-__all__ = ["DEFAULT_BATCH_WINDOW", "JsonlSessionPersistence", "PersistenceStatistics", "StoredLog"]
+__all__ = [
+    "DEFAULT_BATCH_WINDOW",
+    "DEFAULT_INLINE_WRITE_LIMIT",
+    "JsonlSessionPersistence",
+    "PersistenceStatistics",
+    "StoredLog",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -174,21 +182,15 @@ class _Writer:
         self.deadline = 0.0  # when the open window expires
         self.timer = False  # whether a task is waiting for the window deadlines
         self.barrier: _Barrier | None = None
-        self.lane = anyio.Lock()  # at most one write per session at a time
+        # At most one write per session at a time; taken at once when free, without the
+        # scheduler round a plain anyio.Lock makes.
+        self.lane = anyio.Lock(fast_acquire=True)
         self.log: _Log | None = None
         self.write_seconds = 0.0  # the slowest recent write, losing an eighth per later write
 
     def window_is(self, window: int) -> bool:
         """Whether *window* is the open window, and no flush is draining the queue."""
         return self.window == window and self.window_open and self.barrier is None
-
-
-async def _acquire(lock: anyio.Lock) -> None:
-    """Take *lock*: at once when it is free, without the scheduler round ``acquire`` makes."""
-    try:
-        lock.acquire_nowait()
-    except anyio.WouldBlock:
-        await lock.acquire()
 
 
 class JsonlSessionPersistence:
@@ -255,13 +257,22 @@ class JsonlSessionPersistence:
             writer = self._writers[session.id] = _Writer(session)
         writer.session = session  # a session resumed under the same id continues the same log
         writer.pending.append(event)
-        if not writer.window_open and writer.barrier is None and self._task_group is not None:
-            writer.window += 1
-            writer.window_open = True
-            writer.deadline = anyio.current_time() + self.batch_window
-            if not writer.timer:
-                writer.timer = True
-                self._task_group.start_soon(self._window_timer, writer)
+        if not writer.window_open and writer.barrier is None:
+            self._open_window(writer)
+
+    def _open_window(self, writer: _Writer) -> None:
+        """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
+
+        Nothing opens once the backend is closing (or before a host opened it).
+        """
+        if self._task_group is None:
+            return
+        writer.window += 1
+        writer.window_open = True
+        writer.deadline = anyio.current_time() + self.batch_window
+        if not writer.timer:
+            writer.timer = True
+            self._task_group.start_soon(self._window_timer, writer)
 
     @hookimpl
     def session_flush(self, session: Session) -> FlushThunk | None:
@@ -295,21 +306,31 @@ class JsonlSessionPersistence:
         )
 
     async def aclose(self) -> None:
-        """Drain every queue, then release every file; the first drain failure is raised."""
-        failures: list[Exception] = []
-        for writer in list(self._writers.values()):
-            try:
-                await self._flush(writer)
-            except Exception as exc:
-                failures.append(exc)
+        """Drain every queue, then release every file; the first drain failure is raised.
+
+        No window timer starts once closing has begun, and events admitted while the queues
+        drain are drained too. Each file is released only when no write to it is in flight.
+        """
         self._task_group = None
+        failures: dict[str, Exception] = {}
+        while draining := [
+            writer
+            for writer in self._writers.values()
+            if (writer.pending or writer.lane.locked()) and writer.session_id not in failures
+        ]:
+            for writer in draining:
+                try:
+                    await self._flush(writer)
+                except Exception as exc:
+                    failures[writer.session_id] = exc
         for writer in self._writers.values():
-            if writer.log is not None:
-                await anyio.to_thread.run_sync(self._release, writer.log)
-                writer.log = None
+            async with writer.lane:
+                if writer.log is not None:
+                    await anyio.to_thread.run_sync(self._release, writer.log)
+                    writer.log = None
         self._writers.clear()
         if failures:
-            raise failures[0]
+            raise next(iter(failures.values()))
 
     async def _flush(self, writer: _Writer) -> None:
         barrier = writer.barrier
@@ -331,7 +352,7 @@ class JsonlSessionPersistence:
         writer.window_open = False
         try:
             with anyio.CancelScope(shield=True):
-                await _acquire(writer.lane)
+                await writer.lane.acquire()
                 try:
                     await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
                     while writer.pending:
@@ -376,12 +397,25 @@ class JsonlSessionPersistence:
                 await self._write_pending(writer, inline=False)
         except Exception:
             logger.exception(
-                "background write of session %r failed; the batch stays queued", writer.session_id
+                "background write of session %r failed; %s",
+                writer.session_id,
+                "the batch stays queued for the next window",
             )
+            self._open_window(writer)
 
     def _may_write_inline(self, writer: _Writer) -> bool:
-        """Whether an awaited write of *writer* should run on the event loop's thread."""
-        return writer.write_seconds < self.inline_write_limit and loop_is_idle()
+        """Whether an awaited write of *writer* should run on the event loop's thread.
+
+        Only a plain append may: creating the file, or reading it again after a failed write
+        (a whole log, for a resumed session), stays off the loop.
+        """
+        log = writer.log
+        return (
+            log is not None
+            and not log.suspect
+            and writer.write_seconds < self.inline_write_limit
+            and loop_is_idle()
+        )
 
     async def _write_pending(self, writer: _Writer, *, inline: bool) -> None:
         """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
@@ -424,7 +458,7 @@ class JsonlSessionPersistence:
                 f"position {index} of a batch; the log on disk holds {log.count} events, "
                 f"so seq {log.count + index} was expected"
             )
-        data = ("\n".join([event.encode() for event in batch]) + "\n").encode()
+        data = encode_events(batch)
         if log.size == 0:  # the file does not exist yet
             header = encode_header(SessionHeader(writer.session_id, batch[0].time))
             self.files.publish(log.path, header + data)
@@ -570,9 +604,10 @@ class JsonlSessionPersistence:
             if scan.torn or repair:
                 fd = log.fd = self.files.open_append(path)
                 self.files.truncate(fd, scan.committed_bytes)
-                self.files.fsync(fd)
+                self.files.fsync(fd)  # the cut is durable before anything follows it
                 log.size = scan.committed_bytes
-                self._append_bytes(log, fd, "".join(f"{e.encode()}\n" for e in repair).encode())
+                if repair:
+                    self._append_bytes(log, fd, encode_events(repair))
             return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
         finally:
             self._release(log)
@@ -592,7 +627,7 @@ class JsonlSessionPersistence:
         if not self.root.is_dir():
             return []
         headers = []
-        for entry in sorted(self.root.iterdir()):
+        for entry in self.root.iterdir():
             path = entry / LOG_NAME
             if entry.is_symlink() or not path.is_file():
                 continue
