@@ -30,7 +30,7 @@ import anyio
 from .persistence.jsonl import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Sequence
 
     from .events import JSON, SessionEvent
     from .persistence import StoredLog
@@ -201,8 +201,7 @@ def event_line(
     paint: Callable[[str], str] | None = None,
 ) -> str:
     """One event as a line: *mark*, seq, type and :func:`describe`, each part *paint*-ed."""
-    if paint is None:
-        return f"{mark}{event.seq:>4}  {console.bold(f'{event.type:<17}')} {describe(event)}"
+    paint = paint or str
     return (
         paint(f"{mark}{event.seq:>4}  ")
         + console.bold(paint(f"{event.type:<17}"))
@@ -213,12 +212,6 @@ def event_line(
 def _format_time(epoch_ms: int) -> str:
     moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _print_json_lines(stream: TextIO, records: Iterable[JSON]) -> None:
-    for record in records:
-        stream.write(json.dumps(record, separators=(",", ":")) + "\n")
-    stream.flush()
 
 
 # -------------------------------------------------------------------------------------------
@@ -250,10 +243,12 @@ async def _list(args: argparse.Namespace) -> int:
 def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: bool) -> None:
     """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
     stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
-    if as_json:
-        _print_json_lines(stream, (event.to_json() for event in log.events))
+    if as_json:  # each event as the log stores it
+        lines = [event.encode() for event in log.events]
         if not added_on_disk:
-            _print_json_lines(stream, ({"repair": event.to_json()} for event in log.repair))
+            lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
+        stream.write("".join(f"{line}\n" for line in lines))
+        stream.flush()
         return
     console = Console.for_stream(stream)
     header = log.header
@@ -281,21 +276,14 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         console.line(event_line(console, event, mark="+", paint=console.note))
 
 
-async def _inspect(args: argparse.Namespace) -> int:
+async def _show_log(args: argparse.Namespace) -> int:
+    """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
     from .persistence import JsonlSessionPersistence
 
     backend = JsonlSessionPersistence(_existing_root(args.root))
-    log = await backend.inspect(args.session)
-    _print_log(log, added_on_disk=False, stream=sys.stdout, as_json=args.json)
-    return EXIT_OK
-
-
-async def _recover(args: argparse.Namespace) -> int:
-    from .persistence import JsonlSessionPersistence
-
-    backend = JsonlSessionPersistence(_existing_root(args.root))
-    log = await backend.load(args.session)
-    _print_log(log, added_on_disk=True, stream=sys.stdout, as_json=args.json)
+    read = backend.load if args.recover else backend.inspect
+    log = await read(args.session)
+    _print_log(log, added_on_disk=args.recover, stream=sys.stdout, as_json=args.json)
     return EXIT_OK
 
 
@@ -426,13 +414,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("root", metavar="ROOT")
     listing.set_defaults(run=_list)
 
-    for name, run, summary in (
-        (
-            "inspect",
-            _inspect,
-            "read-only: the stored log, and the repair recovery would add, marked as such",
-        ),
-        ("recover", _recover, "recover the session (writing the repair) and print its log"),
+    for name, summary in (
+        ("inspect", "read-only: the stored log, and the repair recovery would add, marked as such"),
+        ("recover", "recover the session (writing the repair) and print its log"),
     ):
         command = commands.add_parser(name, help=summary, description=summary)
         command.add_argument("root", metavar="ROOT")
@@ -442,7 +426,7 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="one event per line: {type, seq, time, data}",
         )
-        command.set_defaults(run=run)
+        command.set_defaults(run=_show_log, recover=name == "recover")
     return parser
 
 

@@ -93,14 +93,8 @@ class FlushRecorder:
         self.order: list[str] = [] if order is None else order
         self._gate: Gate | None = None
         self._failure: Exception | None = None
-        self._plugin: object | None = None
-
-    @property
-    def plugin(self) -> object:
-        """The pluggy plugin to register on a host; the same object every time."""
-        if self._plugin is None:
-            self._plugin = _recorder_plugin(self)
-        return self._plugin
+        self.plugin: Final = _recorder_plugin(self)
+        """The pluggy plugin to register on a host."""
 
     def hold(self) -> Gate:
         """Make every later flush wait, after it started, until the returned gate is released."""

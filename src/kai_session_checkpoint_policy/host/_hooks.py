@@ -88,7 +88,7 @@ class HostHooks:
         thunks: list[FlushThunk] = []
         for impl in self._hook.session_flush.get_hookimpls():
             try:
-                thunk = cast("FlushThunk | None", impl.function(*map(kwargs.get, impl.argnames)))
+                thunk = cast("FlushThunk | None", _call(impl, kwargs))
             except Exception as exc:
                 thunk = partial(_raise, exc)
             if thunk is not None:
@@ -104,7 +104,7 @@ class HostHooks:
         kwargs = {"session": session, "event": event, "host": self._host}
         for impl in reversed(self._hook.session_event.get_hookimpls()):
             try:
-                impl.function(*map(kwargs.get, impl.argnames))
+                _call(impl, kwargs)
             except Exception:
                 logger.exception(
                     "session_event listener %r failed on seq %d of session %r",
@@ -118,6 +118,11 @@ class HostHooks:
         if thunk is None:
             raise MissingImplementationError(f"no plugin returned a thunk for {name}")
         return thunk
+
+
+def _call(impl: pluggy.HookImpl, kwargs: dict[str, object]) -> object:
+    """Call one hook implementation with the arguments it names, as pluggy would."""
+    return impl.function(*map(kwargs.get, impl.argnames))
 
 
 async def _raise(exc: Exception) -> NoReturn:
