@@ -14,11 +14,42 @@ from typing import TYPE_CHECKING, Final
 
 import pytest
 
+from kai_session_checkpoint_policy.demo import agent_command
+
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from kai_session_checkpoint_policy.demo import HangAt
+
 MARKER_TIMEOUT: Final = 30.0
 """Seconds a child may take to reach its marker, and to die once killed."""
+
+
+def start_agent(
+    tmp_path: Path, session_id: str, hang_at: HangAt, *options: str, use_policy: bool = True
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start ``kai-checkpoint agent`` as a child that hangs at *hang_at*; return it and its marker.
+
+    Its sessions go under ``tmp_path / "sessions"``, its payments to ``tmp_path /
+    "ledger.jsonl"``; *options* are further command-line options (``--batch-window 3600``).
+    """
+    marker = tmp_path / f"{session_id}.marker"
+    marker.write_bytes(b"")  # pre-created empty: only its content signals readiness
+    command = agent_command(
+        tmp_path / "sessions",
+        session_id,
+        hang_at=hang_at,
+        marker=marker,
+        ledger=tmp_path / "ledger.jsonl",
+        use_policy=use_policy,
+    )
+    child = subprocess.Popen(
+        [*command, *options],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    return child, marker
 
 
 def wait_for_marker(

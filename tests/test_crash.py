@@ -8,13 +8,13 @@ means nothing), kills the child, and loads the session with recovery in this pro
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
+from kai_session_checkpoint_policy.demo import HangAt
 from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.persistence import (
     OUTCOME_UNKNOWN_TEXT,
@@ -22,7 +22,7 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
 )
 
-from .markers import kill_at_marker
+from .markers import kill_at_marker, start_agent
 
 pytestmark = [
     pytest.mark.crash,
@@ -32,33 +32,13 @@ pytestmark = [
 SESSION = "semantic-checkpoint-crash"
 
 
-def kill_at(tmp_path: Path, hang_at: str, expected: str, *extra: str) -> Path:
+def kill_at(
+    tmp_path: Path, hang_at: HangAt, expected: str, *options: str, use_policy: bool = True
+) -> Path:
     """Run the agent until its marker reads *expected*, SIGKILL it, and return the root."""
-    root, marker = tmp_path / "root", tmp_path / "marker"
-    marker.write_bytes(b"")
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kai_session_checkpoint_policy",
-            "agent",
-            "--root",
-            str(root),
-            "--session",
-            SESSION,
-            "--hang-at",
-            hang_at,
-            "--marker",
-            str(marker),
-            "--ledger",
-            str(tmp_path / "ledger.jsonl"),
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    child, marker = start_agent(tmp_path, SESSION, hang_at, *options, use_policy=use_policy)
     kill_at_marker(child, marker, expected)
-    return root
+    return tmp_path / "sessions"
 
 
 def recover(root: Path) -> tuple[SessionEvent, ...]:
@@ -112,10 +92,10 @@ def test_a_side_effecting_tool_call_is_durable_and_recovers_as_unknown(tmp_path:
     ("hang_at", "marker"), [("request", "request-dispatched"), ("tool", "tool-side-effect")]
 )
 def test_without_the_policy_the_same_crash_loses_the_intent(
-    tmp_path: Path, hang_at: str, marker: str
+    tmp_path: Path, hang_at: HangAt, marker: str
 ) -> None:
     """The backend alone writes only when its window expires: here, never before the kill."""
-    root = kill_at(tmp_path, hang_at, marker, "--no-policy", "--batch-window", "3600")
+    root = kill_at(tmp_path, hang_at, marker, "--batch-window", "3600", use_policy=False)
     with pytest.raises(SessionNotFoundError):
         recover(root)
     payments = tmp_path / "ledger.jsonl"
