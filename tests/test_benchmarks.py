@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmarks import report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,6 +122,7 @@ def test_every_target_is_evaluated(quick_run: tuple[dict[str, object], Path]) ->
     targets = _dig(quick_run[0], "targets")
     assert isinstance(targets, list)
     names = {target["target"] for target in targets}
+    assert names == {target.name for target in report.TARGETS}
     assert len(names) == 10
     assert {target["backend"] for target in targets} == set(BACKENDS)
 

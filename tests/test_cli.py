@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
-from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, TOOL_NAME
+from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
 
 from .markers import kill_at_marker, start_agent
 
@@ -82,7 +82,7 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
             "step": 1,
             "callId": CALL_ID,
             "name": TOOL_NAME,
-            "arguments": calls[0]["data"]["arguments"],
+            "arguments": json.dumps(PAYMENT),  # as the scripted model asked
         }
     ]
     results = [event for event in events if event["type"] == "tool/result"]

@@ -79,8 +79,11 @@ async def test_the_companion_does_nothing_without_an_invariants_service() -> Non
     host = Host([invariant], autoload=False)
     host.invariants = None
 
-    async with host:
+    async with host:  # configuring it neither fails nor installs a registry
+        assert host.pm.is_registered(invariant)
         host.unregister(invariant)
+        assert not host.pm.is_registered(invariant)
+        assert host.invariants is None
 
 
 def test_the_registry_refuses_unusable_names() -> None:

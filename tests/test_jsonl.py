@@ -166,7 +166,7 @@ async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(
 
         async with anyio.create_task_group() as group:
             group.start_soon(flush, "first")
-            await anyio.to_thread.run_sync(files.entered.wait, 10)
+            assert await anyio.to_thread.run_sync(files.entered.wait, 10)
             group.start_soon(flush, "second")
             session.append("user/message", {"late": True})  # admitted while the write runs
             await anyio.wait_all_tasks_blocked()
@@ -485,7 +485,7 @@ async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as group:
                 group.start_soon(host.sessions.flush, session)
-                await anyio.to_thread.run_sync(files.entered.wait, 10)
+                assert await anyio.to_thread.run_sync(files.entered.wait, 10)
                 scope.cancel()  # the flush is waiting for its write: cancel it now
                 files.release.set()
             await anyio.lowlevel.checkpoint()  # the cancellation is still delivered
