@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from kai_session_checkpoint_policy.events import (
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
 from kai_session_checkpoint_policy.persistence.format import (
+    LOCK_NAME,
     LOG_NAME,
     SessionHeader,
     encode_header,
@@ -142,3 +144,21 @@ class FailingFiles(OsFiles):
     def truncate(self, fd: int, size: int) -> None:
         self._maybe_fail("truncate")
         super().truncate(fd, size)
+
+
+def tree(directory: Path, *, locks: bool = True) -> dict[str, tuple[bytes | None, int]]:
+    """Every path under *directory* (symbolic links not followed), with its content and mode.
+
+    A file's content is its bytes, a link's its target, a directory's ``None``. Without
+    *locks*, the (empty) lock files a refused writer may leave are not listed.
+    """
+    found: dict[str, tuple[bytes | None, int]] = {}
+    for path in sorted(directory.rglob("*")):
+        if not locks and path.name == LOCK_NAME:
+            continue
+        if path.is_symlink():
+            content: bytes | None = f"-> {os.readlink(path)}".encode()
+        else:
+            content = path.read_bytes() if path.is_file() else None
+        found[path.relative_to(directory).as_posix()] = (content, path.lstat().st_mode)
+    return found

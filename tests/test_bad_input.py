@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
+from .persistence_helpers import tree
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
@@ -62,23 +62,6 @@ if TYPE_CHECKING:
 
 LOG: Final = "session.jsonl"
 SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
-
-
-def tree(directory: Path, *, locks: bool = True) -> dict[str, bytes | None]:
-    """Every path under *directory* (symbolic links not followed), with file contents.
-
-    Without *locks*, the (empty) lock files a refused writer may leave are not listed.
-    """
-    found: dict[str, bytes | None] = {}
-    for path in sorted(directory.rglob("*")):
-        if not locks and path.name == "session.lock":
-            continue
-        relative = path.relative_to(directory).as_posix()
-        if path.is_symlink():
-            found[relative] = f"-> {os.readlink(path)}".encode()
-        else:
-            found[relative] = path.read_bytes() if path.is_file() else None
-    return found
 
 
 def stored(root: Path, session_id: str = "s") -> tuple[Path, list[SessionEvent]]:

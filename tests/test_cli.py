@@ -7,7 +7,6 @@ SIGKILL from outside, and then recover the session through the command line.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import subprocess
@@ -21,6 +20,7 @@ from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
 
 from .markers import kill_at_marker, start_agent
+from .persistence_helpers import tree
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,15 +44,6 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in text.splitlines()]
     assert all(isinstance(record, dict) for record in records)
     return records
-
-
-def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
-    """Every path under *root* with its content hash (files) and mode."""
-    digest: dict[str, tuple[str, int]] = {}
-    for path in sorted(root.rglob("*")):
-        content = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
-        digest[str(path.relative_to(root))] = (content, path.stat().st_mode)
-    return digest
 
 
 # -------------------------------------------------------------------------------------------
@@ -206,10 +197,10 @@ def crashed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_list_and_inspect_change_nothing_on_disk(
     crashed_root: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
 ) -> None:
-    before = tree_digest(crashed_root)
+    before = tree(crashed_root)
     cli.main([arg.format(root=crashed_root) for arg in args])
     capsys.readouterr()
-    assert tree_digest(crashed_root) == before
+    assert tree(crashed_root) == before
 
 
 @pytest.mark.crash

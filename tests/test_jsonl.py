@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -49,6 +48,7 @@ from .persistence_helpers import (
     events,
     lines,
     log_bytes,
+    tree,
     write_log,
 )
 
@@ -303,22 +303,14 @@ def crashed_log(tmp_path: Path) -> Path:
     return write_log(tmp_path, "crashed", log_bytes("crashed", logged) + b'{"type":"assistant/ch')
 
 
-def digest(root: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(root.rglob("*"))
-        if path.is_file()
-    }
-
-
 async def test_inspect_shows_the_repair_and_changes_nothing(tmp_path: Path) -> None:
     crashed_log(tmp_path)
-    before = digest(tmp_path)
+    before = tree(tmp_path)
     stored = await JsonlSessionPersistence(tmp_path).inspect("crashed")
     assert [e.seq for e in stored.events] == list(range(8))
     assert [(e.type, e.seq) for e in stored.repair] == [("step/end", 8), ("turn/end", 9)]
     assert stored.torn_bytes == len(b'{"type":"assistant/ch')
-    assert digest(tmp_path) == before
+    assert tree(tmp_path) == before
 
 
 async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
