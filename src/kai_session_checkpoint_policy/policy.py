@@ -8,8 +8,10 @@ Three boundaries, each a hook wrapper that flushes the session before the downst
 * ``agent_pre_step``: before each step, so the previous response and its tool results are on
   disk before the next request is derived from them.
 
-A failed flush is fail-closed: the adapter or tool body never runs. The policy is stateless and
-does nothing unless the host offers every service named in :data:`inject`.
+A failed flush is fail-closed: the adapter or tool body never runs. A flush is also a cancel
+point: a caller cancelled while it waited never reaches the adapter or the tool body, whatever
+the host's flush does. The policy is stateless and does nothing unless the host offers every
+service named in :data:`inject`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Final
 
+from .cancellation import checkpoint_if_cancelled
 from .hookspecs import hookimpl
 from .results import aborted_before_dispatch
 
@@ -50,6 +53,7 @@ def llm_stream(
 
     async def checkpointed() -> AsyncGenerator[StreamChunk, None]:
         await host.sessions.flush(session)
+        await checkpoint_if_cancelled()
         async with aclosing(downstream()) as stream:
             async for chunk in stream:
                 yield chunk
@@ -68,6 +72,7 @@ def tools_execute(
 
     async def checkpointed() -> ToolResult:
         await host.sessions.flush(agent.session)
+        await checkpoint_if_cancelled()
         if execution.signal.aborted:
             return aborted_before_dispatch()
         return await downstream()
@@ -85,6 +90,7 @@ def agent_pre_step(
 
     async def checkpointed() -> PreStepDecision:
         await host.sessions.flush(step.agent.session)
+        await checkpoint_if_cancelled()
         return await downstream()
 
     return checkpointed

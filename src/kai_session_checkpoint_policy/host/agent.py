@@ -25,11 +25,14 @@ import anyio
 
 from ..events import tool_result_data
 from ..hookspecs import hookimpl
+from ..results import aborted_before_dispatch, outcome_unknown
 from .llm import Finish, LlmRequest, TextDelta, ToolCallRequest
 from .signals import AbortController, AbortSignal
 from .tools import ToolExecution, error_message
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..events import JSON, JSONObject
     from ..hookspecs import PreStepThunk
     from ..results import ToolResult
@@ -123,17 +126,19 @@ class Agent:
                     reason = {"kind": "blocked", "reason": decision.reason}
                     break
                 session.append("step/start", {"turn": turn, "step": step})
+                calls = _StepCalls(session, turn, step)
                 try:
                     if step == 1:
                         session.append("user/message", _user_message(turn, text))
-                    outcome_text, calls = await self._request(turn, step)
-                    await self._run_tools(turn, step, calls, signal)
+                    outcome_text, requested = await self._request(turn, step, calls)
+                    await self._run_tools(requested, signal, calls)
                 finally:
+                    calls.close()
                     session.append("step/end", {"turn": turn, "step": step})
                 if signal.aborted:
                     reason = {"kind": "aborted", "reason": signal.reason}
                     break
-                if not calls:
+                if not requested:
                     reason = {"kind": "completed"}
                     break
             else:
@@ -148,7 +153,9 @@ class Agent:
             session.append("turn/end", {"turn": turn, "reason": reason})
         return TurnOutcome(turn, reason, outcome_text, error)
 
-    async def _request(self, turn: int, step: int) -> tuple[str, list[ToolCallRequest]]:
+    async def _request(
+        self, turn: int, step: int, step_calls: _StepCalls
+    ) -> tuple[str, list[ToolCallRequest]]:
         session = self.session
         if not self._announced_route:
             has_header = any(event.type == "request/header" for event in session.events)
@@ -189,34 +196,24 @@ class Agent:
             "source": {"kind": "model", "provider": self.provider, "model": self.model},
         }
         session.append("assistant/message", {"turn": turn, "step": step, "message": message})
+        step_calls.asked(calls)
         return "".join(text), calls
 
     async def _run_tools(
-        self, turn: int, step: int, calls: list[ToolCallRequest], signal: AbortSignal
+        self, requested: list[ToolCallRequest], signal: AbortSignal, step_calls: _StepCalls
     ) -> None:
-        for batch in self._batches(calls):
-            executions = []
-            for call in batch:
-                self.session.append(
-                    "tool/call",
-                    {
-                        "turn": turn,
-                        "step": step,
-                        "callId": call.id,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                    },
-                )
-                executions.append(
+        for batch in self._batches(requested):
+            executions = [
+                step_calls.started(
+                    call,
                     ToolExecution(
                         call.id, call.name, _parse_arguments(call.arguments), signal, self
-                    )
+                    ),
                 )
-            results = await self._execute_all(executions)
-            for execution, result in zip(executions, results, strict=False):
-                self.session.append(
-                    "tool/result", tool_result_data(turn, step, execution.call_id, result)
-                )
+                for call in batch
+            ]
+            await self._execute_all(executions, step_calls)
+            step_calls.answer_finished()
 
     def _batches(self, calls: list[ToolCallRequest]) -> list[list[ToolCallRequest]]:
         """Runs of concurrency-safe calls, and every other call alone, in model order."""
@@ -232,21 +229,83 @@ class Agent:
             previous_safe = safe
         return batches
 
-    async def _execute_all(self, executions: list[ToolExecution]) -> list[ToolResult]:
+    async def _execute_all(self, executions: list[ToolExecution], step_calls: _StepCalls) -> None:
         tools = self.host.tools
         if len(executions) == 1:
-            return [await tools.execute(executions[0])]
-        results: dict[int, ToolResult] = {}
+            step_calls.finished(executions[0], await tools.execute(executions[0]))
+            return
         limiter = anyio.CapacityLimiter(self.max_parallel_tools)
 
-        async def run(index: int) -> None:
+        async def run(execution: ToolExecution) -> None:
             async with limiter:
-                results[index] = await tools.execute(executions[index])
+                step_calls.finished(execution, await tools.execute(execution))
 
         async with anyio.create_task_group() as group:
-            for index in range(len(executions)):
-                group.start_soon(run, index)
-        return [results[index] for index in range(len(executions))]
+            for execution in executions:
+                group.start_soon(run, execution)
+
+
+class _StepCalls:
+    """The tool calls the model asked for in one step, until each has its ``tool/result``.
+
+    Results are appended in the order the model asked for the calls. A step that ends before
+    every call is answered (cancelled, failed) is closed by :meth:`close`: each call that
+    finished gets its result, and every other one an error result: ``ABORTED_BEFORE_DISPATCH``
+    if its body never started, ``TOOL_OUTCOME_UNKNOWN`` if it did (its effect may have
+    happened). So every call ends with exactly one ``tool/result``, on every path.
+    """
+
+    __slots__ = ("_executions", "_open", "_results", "_session", "_step", "_turn")
+
+    def __init__(self, session: Session, turn: int, step: int) -> None:
+        self._session = session
+        self._turn = turn
+        self._step = step
+        self._open: list[str] = []  # unanswered call ids, in model order
+        self._executions: dict[str, ToolExecution] = {}  # calls with a tool/call
+        self._results: dict[str, ToolResult] = {}  # calls that finished, not yet answered
+
+    def asked(self, calls: Iterable[ToolCallRequest]) -> None:
+        self._open += (call.id for call in calls)
+
+    def started(self, call: ToolCallRequest, execution: ToolExecution) -> ToolExecution:
+        """Append the ``tool/call`` of *call*, about to be dispatched as *execution*."""
+        self._session.append(
+            "tool/call",
+            {
+                "turn": self._turn,
+                "step": self._step,
+                "callId": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+        )
+        self._executions[execution.call_id] = execution
+        return execution
+
+    def finished(self, execution: ToolExecution, result: ToolResult) -> None:
+        self._results[execution.call_id] = result
+
+    def answer_finished(self) -> None:
+        """Append the results of the calls that finished, up to the first that did not."""
+        while self._open and self._open[0] in self._results:
+            self._answer(self._open[0], self._results.pop(self._open[0]))
+
+    def close(self) -> None:
+        """Answer every call still open: its result, or the error result of where it stopped."""
+        for call_id in tuple(self._open):
+            result = self._results.pop(call_id, None)
+            if result is None:
+                execution = self._executions.get(call_id)
+                started = execution is not None and execution.body_started
+                result = outcome_unknown() if started else aborted_before_dispatch()
+            self._answer(call_id, result)
+
+    def _answer(self, call_id: str, result: ToolResult) -> None:
+        self._open.remove(call_id)
+        self._session.append(
+            "tool/result", tool_result_data(self._turn, self._step, call_id, result)
+        )
 
 
 def _user_message(turn: int, text: str) -> JSONObject:

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ..cancellation import checkpoint_if_cancelled
 from ..events import SessionEvent, encode_data
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    from ..hookspecs import FlushThunk
     from ._hooks import HostHooks
 
 __all__ = ["Session", "SessionError", "SessionNotLiveError", "SessionStore", "epoch_ms"]
@@ -142,22 +144,27 @@ class SessionStore:
         if not self.is_live(session):
             raise SessionNotLiveError(f"session {session.id!r} is not live in this store")
         thunks = self._hooks.session_flush(session)
-        if len(thunks) <= 1:
-            for thunk in thunks:
-                await thunk()
-            return bool(thunks)
-        failures: list[Exception | None] = [None] * len(thunks)
+        if len(thunks) == 1:
+            await thunks[0]()
+        elif thunks:
+            await _settle_all(thunks)
+        await checkpoint_if_cancelled()  # even a flush with nothing to do is a cancel point
+        return bool(thunks)
 
-        async def settle(index: int) -> None:
-            try:
-                await thunks[index]()
-            except Exception as exc:
-                failures[index] = exc
 
-        async with anyio.create_task_group() as group:
-            for index in range(len(thunks)):
-                group.start_soon(settle, index)
-        for failure in failures:
-            if failure is not None:
-                raise failure
-        return True
+async def _settle_all(thunks: Sequence[FlushThunk]) -> None:
+    """Run every thunk concurrently until all settle; raise the first failure in their order."""
+    failures: list[Exception | None] = [None] * len(thunks)
+
+    async def settle(index: int) -> None:
+        try:
+            await thunks[index]()
+        except Exception as exc:
+            failures[index] = exc
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(thunks)):
+            group.start_soon(settle, index)
+    for failure in failures:
+        if failure is not None:
+            raise failure

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -47,6 +47,15 @@ class Tool:
     concurrency_safe: bool = False
 
 
+class _Progress:
+    """How far a call got; the one mutable part of an execution."""
+
+    __slots__ = ("body_started",)
+
+    def __init__(self) -> None:
+        self.body_started = False
+
+
 @dataclass(frozen=True, slots=True)
 class ToolExecution:
     """One tool call on its way to a tool body.
@@ -61,6 +70,12 @@ class ToolExecution:
     signal: AbortSignal
     agent: Agent | None = None
     parent: ToolExecution | None = None
+    _progress: _Progress = field(default_factory=_Progress, init=False, repr=False, compare=False)
+
+    @property
+    def body_started(self) -> bool:
+        """Whether the tool body was entered: from then on, its effect may have happened."""
+        return self._progress.body_started
 
 
 def error_message(exc: BaseException) -> str:
@@ -121,6 +136,7 @@ class ToolRuntime:
 
 
 async def _run_body(tool: Tool, execution: ToolExecution) -> ToolResult:
+    execution._progress.body_started = True
     value = await tool.run(execution)
     if execution.signal.aborted:
         return error_result("tool call aborted", ErrorInfo("AbortError", ABORTED))

@@ -31,7 +31,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -39,6 +38,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ..cancellation import checkpoint_if_cancelled
 from ..hookspecs import hookimpl
 from .errors import (
     InvalidSessionIdError,
@@ -149,11 +149,12 @@ class _Log:
 class _Barrier:
     """One flush in progress that later flushes of the same session join."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("done", "drained", "error")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.error: Exception | None = None
+        self.drained = False  # whether its leader saw the queue empty
 
 
 class _Writer:
@@ -187,6 +188,11 @@ class _Writer:
         self.lane = anyio.Lock(fast_acquire=True)
         self.log: _Log | None = None
         self.write_seconds = 0.0  # the slowest recent write, losing an eighth per later write
+
+    @property
+    def durable_count(self) -> int:
+        """How many of the session's events are known to be on disk."""
+        return 0 if self.log is None else self.log.count
 
     def window_is(self, window: int) -> bool:
         """Whether *window* is the open window, and no flush is draining the queue."""
@@ -292,7 +298,7 @@ class JsonlSessionPersistence:
     def durable_count(self, session_id: str) -> int:
         """How many events of the live session *session_id* are known to be on disk."""
         writer = self._writers.get(session_id)
-        return 0 if writer is None or writer.log is None else writer.log.count
+        return 0 if writer is None else writer.durable_count
 
     def statistics(self) -> PersistenceStatistics:
         calls = self.files.calls
@@ -333,21 +339,34 @@ class JsonlSessionPersistence:
             raise next(iter(failures.values()))
 
     async def _flush(self, writer: _Writer) -> None:
-        barrier = writer.barrier
-        if barrier is not None:
+        """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
+        while (barrier := writer.barrier) is not None:
             await barrier.done.wait()
             if barrier.error is not None:
                 raise barrier.error
-            return
-        if not writer.lane.locked():
-            if not writer.pending:
+            if barrier.drained:
+                await checkpoint_if_cancelled()
                 return
-            if self._may_write_inline(writer):
+            # Its leader was cancelled before the queue was empty: lead the next drain.
+        if not writer.lane.locked():
+            if writer.pending and self._may_write_inline(writer):
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield. Nor a scheduler round after it (which costs a sixth of a small
                 # flush): what became ready meanwhile runs at the caller's next await.
                 await self._write_pending(writer, inline=True)  # never suspends
+            if not writer.pending:
+                await checkpoint_if_cancelled()
                 return
+        await self._drain(writer)
+        await checkpoint_if_cancelled()
+
+    async def _drain(self, writer: _Writer) -> None:
+        """Write batches until the queue is empty, as the leader of a new barrier.
+
+        The barrier is *drained* only if this saw the queue empty; a leader cancelled before
+        that (natively: anyio's cancellation cannot reach into the shield) leaves it undrained,
+        and its joiners drain on.
+        """
         barrier = writer.barrier = _Barrier()
         writer.window_open = False
         try:
@@ -357,6 +376,7 @@ class JsonlSessionPersistence:
                     await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
                     while writer.pending:
                         await self._write_pending(writer, inline=self._may_write_inline(writer))
+                    barrier.drained = True
                     writer.barrier = None  # in the same step that saw the queue empty
                 finally:
                     writer.lane.release()
@@ -420,19 +440,30 @@ class JsonlSessionPersistence:
     async def _write_pending(self, writer: _Writer, *, inline: bool) -> None:
         """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
 
-        The caller holds the lane, shielded, unless *inline* (then this never suspends).
+        The caller holds the lane, shielded, unless *inline* (then this never suspends). The
+        batch goes back to the head of the queue only if its write failed: a worker's write is
+        waited out even when the caller is cancelled meanwhile, and the cancellation is raised
+        after it, with the batch durable.
         """
         batch, writer.pending = writer.pending, []
         writer.window_open = False
+        written = False
+
+        def write() -> None:
+            nonlocal written
+            self._timed_append(writer, batch)
+            written = True
+
         try:
             if inline:
-                self._timed_append(writer, batch)
+                write()
             else:
-                await run_in_worker(partial(self._timed_append, writer, batch))
-        except BaseException:
-            writer.pending[:0] = batch
-            raise
-        self._batches += 1
+                await run_in_worker(write)
+        finally:
+            if written:
+                self._batches += 1
+            else:
+                writer.pending[:0] = batch
 
     def _timed_append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
         """:meth:`_append`, keeping the slowest recent write's duration for the next choice."""

@@ -5,6 +5,12 @@ to a thread and back through ``anyio.to_thread.run_sync``. The threads here take
 queue and resolve each with a single call into the waiting event loop. Cheaper still is no hop
 at all: :func:`loop_is_idle` tells when no other task is ready to run, so that blocking the
 event loop's thread for a short write delays no one.
+
+A job, once handed to a thread, is waited for until the thread has returned, whatever cancels
+the caller meanwhile: anyio's cancel scopes (the wait is shielded) and a native asyncio
+``Task.cancel()`` (which passes through anyio's shield) alike. The caller's state (a batch, a
+lane) therefore never changes hands while a thread still works on it; the cancellation is
+raised once the job is over.
 """
 
 from __future__ import annotations
@@ -14,15 +20,19 @@ import contextlib
 import queue
 import threading
 from functools import partial
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
+
+    from trio.lowlevel import TrioToken
 
 __all__ = ["loop_is_idle", "run_in_worker"]
+
+T = TypeVar("T")
 
 
 def loop_is_idle() -> bool:
@@ -41,45 +51,64 @@ def loop_is_idle() -> bool:
     return ready is not None and not ready
 
 
-def _completion() -> tuple[Callable[[], object], Callable[[], Awaitable[object]]] | None:
-    """A signal that another thread can send, and how the running event loop waits for it.
+class _Job(Generic[T]):
+    """A blocking call handed to a worker thread, and how its caller learns that it is over.
 
-    ``signal()`` may be called once, from any thread; ``wait()`` returns once it has been.
-    ``None`` when the event loop is neither asyncio nor trio.
+    The thread runs :attr:`func`, keeps its outcome, and as its very last step calls
+    :attr:`notify` once; ``notify`` runs :meth:`finish` on the event loop's thread.
     """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio
-        pass
-    else:
-        future = loop.create_future()
-        return partial(loop.call_soon_threadsafe, _resolve, future), lambda: future
-    try:
-        import trio
-    except ImportError:
-        return None
-    try:
-        token = trio.lowlevel.current_trio_token()
-    except RuntimeError:  # not trio either
-        return None
-    event = trio.Event()
-    return partial(token.run_sync_soon, event.set), event.wait
 
+    __slots__ = ("error", "finished", "func", "notify", "result", "waiter")
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # its task may have been cancelled by asyncio itself
-        future.set_result(None)
-
-
-class _Job:
-    """A blocking call handed to a worker thread, and the signal the thread sends when done."""
-
-    __slots__ = ("error", "func", "signal")
-
-    def __init__(self, func: Callable[[], None], signal: Callable[[], object]) -> None:
+    def __init__(self, func: Callable[[], T]) -> None:
         self.func = func
-        self.signal = signal
+        self.result: T | None = None
         self.error: BaseException | None = None
+        self.finished = False  # set on the event loop's thread
+        self.waiter: asyncio.Future[None] | anyio.Event | None = None
+        self.notify: Callable[[], object] = lambda: None
+
+    def run(self) -> None:
+        """Run the call (in the worker thread)."""
+        try:
+            self.result = self.func()
+        except BaseException as error:  # raised again by the task waiting for the job
+            self.error = error
+
+    def finish(self) -> None:
+        """Mark the job over and wake its caller (on the event loop's thread)."""
+        self.finished = True
+        waiter = self.waiter
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():  # its task may have cancelled it
+                waiter.set_result(None)
+        elif waiter is not None:
+            waiter.set()
+
+    def outcome(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.result  # type: ignore[return-value]  # set by run() when error is None
+
+
+async def _wait_on_asyncio(job: _Job[T], loop: asyncio.AbstractEventLoop) -> None:
+    """Wait until *job* is over; a cancellation met meanwhile is raised afterwards."""
+    cancelled: BaseException | None = None
+    while not job.finished:
+        waiter = job.waiter = loop.create_future()
+        try:
+            await waiter
+        except asyncio.CancelledError as exc:  # Task.cancel() cancelled the waiter: wait on
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+
+
+async def _wait_on_trio(job: _Job[T]) -> None:
+    event = anyio.Event()
+    job.waiter = event
+    if not job.finished:
+        await event.wait()
 
 
 class _Workers:
@@ -88,7 +117,7 @@ class _Workers:
     ``anyio.to_thread.run_sync`` takes longer to hand a call over and back (a capacity
     limiter, scheduler checkpoints, a condition variable) than a small fsync takes. Here a job
     goes to an idle thread through a ``SimpleQueue``, and the thread's very last step is one
-    call into the event loop that resolves the job (``call_soon_threadsafe`` on asyncio,
+    call into the event loop that ends the job (``call_soon_threadsafe`` on asyncio,
     ``run_sync_soon`` on trio), so the waiting task resumes while the thread is already
     blocked on the queue again. A thread is started when none is idle, up to ``limit`` (as
     anyio's default limiter), and ends after ``idle_seconds`` without work. An event loop
@@ -98,19 +127,37 @@ class _Workers:
     def __init__(self, *, limit: int = 40, idle_seconds: float = 10.0) -> None:
         self._limit = limit
         self._idle_seconds = idle_seconds
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job[object]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for a job, minus jobs queued; changed under the lock
 
-    async def run(self, func: Callable[[], None]) -> None:
-        """Call *func* in a worker thread and return (or raise) when it has."""
-        completion = _completion()
-        if completion is None:
-            await anyio.to_thread.run_sync(func)
+    async def run(self, func: Callable[[], T]) -> T:
+        """Call *func* in a worker thread and return (or raise) what it did, once it is over.
+
+        A cancellation of the caller is raised only after the call has returned.
+        """
+        job = _Job(func)
+        with anyio.CancelScope(shield=True):  # anyio's cancellation; Task.cancel() is waited out
+            await self._run(job)
+        return job.outcome()
+
+    async def _run(self, job: _Job[T]) -> None:
+        loop = _asyncio_loop()
+        if loop is not None:
+            job.notify = partial(loop.call_soon_threadsafe, job.finish)
+            self._submit(job)
+            await _wait_on_asyncio(job, loop)
             return
-        signal, wait = completion
-        job = _Job(func, signal)
+        token = _trio_token()
+        if token is None:  # another event loop: anyio's own threads
+            job.result = await anyio.to_thread.run_sync(job.func)
+            return
+        job.notify = partial(token.run_sync_soon, job.finish)
+        self._submit(job)
+        await _wait_on_trio(job)
+
+    def _submit(self, job: _Job[T]) -> None:
         with self._lock:
             if self._idle <= 0 and self._threads < self._limit:
                 thread = threading.Thread(target=self._serve, name="kai-jsonl-writer", daemon=True)
@@ -118,10 +165,7 @@ class _Workers:
                 self._threads += 1
                 self._idle += 1
             self._idle -= 1
-            self._jobs.put(job)
-        await wait()
-        if job.error is not None:
-            raise job.error
+            self._jobs.put(job)  # type: ignore[arg-type]  # the queue holds jobs of any result
 
     def _serve(self) -> None:
         while True:
@@ -134,16 +178,31 @@ class _Workers:
                         self._threads -= 1
                         return
                 continue
-            try:
-                job.func()
-            except BaseException as error:  # raised again by the task waiting for the job
-                job.error = error
+            job.run()
             with self._lock:
                 self._idle += 1
             with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
-                job.signal()
+                job.notify()
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio
+        return None
+
+
+def _trio_token() -> TrioToken | None:
+    try:
+        import trio
+    except ImportError:
+        return None
+    try:
+        return trio.lowlevel.current_trio_token()
+    except RuntimeError:  # not trio either
+        return None
 
 
 _workers: Final = _Workers()
 run_in_worker: Final = _workers.run
-"""Call a blocking function in a worker thread; return (or raise) when it has."""
+"""Call a blocking function in a worker thread; return (or raise) what it did once it is over."""

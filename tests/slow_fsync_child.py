@@ -1,0 +1,62 @@
+"""``kai-checkpoint agent`` on a disk whose fsync of the tool checkpoint is slow, for SIGINT tests.
+
+Run as ``python slow_fsync_child.py MARKER ARGS...``: ARGS are the command line of
+``kai-checkpoint``. The fsync that follows the write of a ``tool/call`` writes
+``fsync-started`` into MARKER, and then does not finish until the agent's task has been
+cancelled (by the SIGINT the test sends): the cancellation is sure to land while the write is
+in flight. Nothing else about the file layer changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kai_session_checkpoint_policy import cli
+from kai_session_checkpoint_policy.demo import write_marker
+from kai_session_checkpoint_policy.persistence import OsFiles
+
+_main_task: list[asyncio.Task[object]] = []
+_slow_next = threading.Event()
+
+
+def _patch(marker: Path) -> None:
+    write, fsync, agent = OsFiles.write, OsFiles.fsync, cli._agent
+
+    def patched_write(self: OsFiles, fd: int, data: bytes) -> None:
+        if b'"tool/call"' in data:
+            _slow_next.set()
+        write(self, fd, data)
+
+    def patched_fsync(self: OsFiles, fd: int) -> None:
+        if _slow_next.is_set():
+            _slow_next.clear()
+            write_marker(marker, "fsync-started")
+            deadline = time.monotonic() + 30
+            while not _cancelling() and time.monotonic() < deadline:
+                time.sleep(0.005)  # the slow disk: it finishes once the cancellation is in
+        fsync(self, fd)
+
+    async def patched_agent(args: object) -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        _main_task.append(task)
+        return await agent(args)  # type: ignore[arg-type]
+
+    OsFiles.write = patched_write  # type: ignore[method-assign]
+    OsFiles.fsync = patched_fsync  # type: ignore[method-assign]
+    cli._agent = patched_agent
+
+
+def _cancelling() -> bool:
+    if sys.version_info >= (3, 11):
+        return bool(_main_task[0].cancelling())
+    raise RuntimeError("Task.cancelling() is new in Python 3.11")
+
+
+if __name__ == "__main__":
+    _patch(Path(sys.argv[1]))
+    sys.exit(cli.main(sys.argv[2:]))
