@@ -7,9 +7,17 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from kai_session_checkpoint_policy import Host, LlmRequest, hookimpl, invariant, policy
+from kai_session_checkpoint_policy import (
+    Host,
+    JsonlSessionPersistence,
+    LlmRequest,
+    hookimpl,
+    invariant,
+    policy,
+)
 from kai_session_checkpoint_policy.host import (
     AUTOLOAD_ENV,
     HostStateError,
@@ -18,6 +26,7 @@ from kai_session_checkpoint_policy.host import (
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from pathlib import Path
 
     from kai_session_checkpoint_policy import HostServices
 
@@ -277,3 +286,69 @@ async def test_a_boundary_without_an_implementation_is_a_clear_error() -> None:
             MissingImplementationError, match=r"^no plugin returned a thunk for llm_stream$"
         ):
             host.hooks.llm_stream(LlmRequest("mock", "mock"))
+
+
+class FailingConfigure:
+    name = "failing-configure"
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    @hookimpl
+    def host_configure(self) -> None:
+        raise ValueError("cannot configure")
+
+    @hookimpl
+    def host_unconfigure(self) -> None:
+        self.log.append("failing-configure:unconfigure")
+
+
+async def test_a_configure_hook_that_raises_leaves_nothing_entered() -> None:
+    log: list[str] = []
+    host = Host([Lifecycle("first", log), FailingConfigure(log)], autoload=False)
+    cleanup_ran: list[str] = []
+
+    @hookimpl
+    def host_configure(host: Host) -> None:
+        host.add_cleanup(lambda: _append(cleanup_ran, "cleanup"))
+
+    host.register(type("AddsCleanup", (), {"host_configure": staticmethod(host_configure)})())
+    with pytest.raises(ValueError, match="cannot configure"):
+        async with host:
+            pytest.fail("the block must not run")
+    # Unconfigured and cleaned up again; the caller's cancel scopes still work.
+    assert "failing-configure:unconfigure" in log
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await anyio.lowlevel.checkpoint()
+    assert scope.cancelled_caught
+    with pytest.raises(HostStateError, match="opened only once"):
+        async with host:
+            pass
+
+
+async def _append(log: list[str], entry: str) -> None:
+    log.append(entry)
+
+
+async def test_an_exception_inside_the_host_comes_out_as_itself(tmp_path: Path) -> None:
+    with pytest.raises(KeyError) as caught:  # noqa: PT012
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            host.sessions.create("s").append("turn/start", {"turn": 1})  # a window timer runs
+            raise KeyError("from the block")
+    assert type(caught.value) is KeyError
+    assert (tmp_path / "s" / "session.jsonl").exists()  # the close still drained the queue
+
+
+async def test_a_cancelled_caller_still_drains_the_queues_at_close(tmp_path: Path) -> None:
+    with anyio.CancelScope() as scope:
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            for session_id in ("s1", "s2", "s3"):
+                host.sessions.create(session_id).append("turn/start", {"turn": 1})
+            scope.cancel()
+            await anyio.lowlevel.checkpoint()
+    assert scope.cancelled_caught
+    backend = JsonlSessionPersistence(tmp_path)
+    for session_id in ("s1", "s2", "s3"):
+        stored = await backend.inspect(session_id)
+        assert [event.type for event in stored.events] == ["turn/start"]

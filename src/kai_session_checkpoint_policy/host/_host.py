@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from contextlib import AsyncExitStack
+import sys
+from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -18,7 +20,7 @@ from .sessions import SessionStore, epoch_ms
 from .tools import ToolRuntime
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
     from types import TracebackType
 
     from anyio.abc import TaskGroup
@@ -65,7 +67,8 @@ class Host:
         self.tools: Final = ToolRuntime(self.hooks)
         self.invariants: InvariantRegistry | None = InvariantRegistry()
         self.session_persistence: SessionPersistence | None = None
-        self._stack: AsyncExitStack | None = None
+        self._lifecycle: AsyncExitStack | None = None  # while open: closes everything in order
+        self._stack: AsyncExitStack | None = None  # while open: the plugins' cleanups
         self._task_group: TaskGroup | None = None
         self._closed = False
         for builtin in (self.llm, self.tools, DefaultPreStep()):
@@ -92,7 +95,7 @@ class Host:
         The hooks are removed even if unconfiguring raises; the error then propagates.
         """
         try:
-            if self._stack is not None:
+            if self._lifecycle is not None:
                 self.hooks.host_unconfigure(plugin)
         finally:
             self.pm.unregister(plugin)
@@ -114,12 +117,23 @@ class Host:
         self._stack.push_async_callback(cleanup)
 
     async def __aenter__(self) -> Host:
-        if self._stack is not None or self._closed:
+        """Open the host: start its background task group, then configure every plugin.
+
+        Everything opened is closed again, in reverse order, by one exit stack: if a
+        ``host_configure`` hook raises, the host is closed at once and the error propagates.
+        """
+        if self._lifecycle is not None or self._closed:
             raise HostStateError("a host can be opened only once")
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group, self._stack = task_group, AsyncExitStack()
-        self.hooks.host_configure()
+        lifecycle = self._lifecycle = AsyncExitStack()
+        try:
+            self._task_group = await lifecycle.enter_async_context(_background_tasks())
+            cleanups = self._stack = AsyncExitStack()
+            lifecycle.push_async_exit(partial(_exit_shielded, cleanups))
+            lifecycle.callback(self.hooks.host_unconfigure)
+            self.hooks.host_configure()
+        except BaseException:
+            await self._close(*sys.exc_info())
+            raise
         return self
 
     async def __aexit__(
@@ -128,16 +142,50 @@ class Host:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        stack, task_group = self._stack, self._task_group
-        assert stack is not None
-        assert task_group is not None
-        self._stack, self._closed = None, True
+        await self._close(exc_type, exc, traceback)
+
+    async def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Unconfigure the plugins, run their cleanups (shielded), stop the background tasks.
+
+        An exception that ends the ``async with`` block passes through as itself.
+        """
+        lifecycle = self._lifecycle
+        assert lifecycle is not None
+        self._closed = True
         try:
-            try:
-                self.hooks.host_unconfigure()
-            finally:
-                await stack.__aexit__(exc_type, exc, traceback)
+            await lifecycle.__aexit__(exc_type, exc, traceback)
         finally:
-            task_group.cancel_scope.cancel()
-            self._task_group = None
-            await task_group.__aexit__(exc_type, exc, traceback)
+            self._lifecycle = self._stack = self._task_group = None
+
+
+async def _exit_shielded(
+    stack: AsyncExitStack,
+    exc_type: type[BaseException] | None,
+    exc: BaseException | None,
+    traceback: TracebackType | None,
+) -> bool:
+    """Close *stack* even while the caller is cancelled: cleanups drain what must be written."""
+    with anyio.CancelScope(shield=True):
+        suppress = await stack.__aexit__(exc_type, exc, traceback)
+    return bool(suppress)
+
+
+@asynccontextmanager
+async def _background_tasks() -> AsyncIterator[TaskGroup]:
+    """A task group for background work, cancelled when the block ends.
+
+    The block's own exception is not handed to the task group, so it comes out unwrapped
+    (anyio's task groups raise what passes through them inside an exception group).
+    """
+    group = anyio.create_task_group()
+    await group.__aenter__()
+    try:
+        yield group
+    finally:
+        group.cancel_scope.cancel()
+        await group.__aexit__(None, None, None)
