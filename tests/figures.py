@@ -32,6 +32,12 @@ class Figures:
     """Recovered logs put through the invariant checker."""
     violations: int = 0
     """Invariant violations found (a test fails on any)."""
+    long_run_sessions: int = 0
+    """Sessions served one after another by one host under a small limit on open files."""
+    long_run_peak_descriptors: int = 0
+    """The most descriptors the long-running host had open at once."""
+    long_run_rss_growth_kib: int = 0
+    """How much its resident memory grew after the warm-up."""
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", "reliability figures")
@@ -42,6 +48,12 @@ class Figures:
             f"{self.recoveries_checked} recoveries checked, "
             f"{self.violations} invariant violations"
         )
+        if self.long_run_sessions:
+            terminalreporter.write_line(
+                f"long run: {self.long_run_sessions} sessions one after another, at most "
+                f"{self.long_run_peak_descriptors} descriptors open, resident memory "
+                f"+{self.long_run_rss_growth_kib} KiB after the warm-up"
+            )
 
 
 def add(request: pytest.FixtureRequest, **counts: int) -> None:

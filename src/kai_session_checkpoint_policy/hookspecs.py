@@ -182,3 +182,17 @@ def session_event(session: Session, event: SessionEvent, host: HostServices) -> 
     neither undoes the append nor keeps the event from the other implementations.
     Implementations cannot be hook wrappers: registering one raises ``TypeError``.
     """
+
+
+@hookspec
+def session_detach(session: Session, host: HostServices) -> None:
+    """Hear that *session* is no longer live: nothing more will be appended to it here.
+
+    :param session: The session that was live until now.
+    :param host: The host services.
+
+    Called synchronously, once, when the store detaches the session; each implementation on
+    its own, last registered first, like :func:`session_event`. A persistence backend writes
+    what the session admitted and then releases what it holds for it (open files, locks, its
+    events). Implementations cannot be hook wrappers: registering one raises ``TypeError``.
+    """

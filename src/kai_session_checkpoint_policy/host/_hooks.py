@@ -20,14 +20,15 @@ __all__ = ["HostHooks", "HostPluginManager", "MissingImplementationError"]
 
 logger = logging.getLogger(__name__)
 
-_PER_IMPLEMENTATION: Final = frozenset({"session_flush", "session_event"})
+_PER_IMPLEMENTATION: Final = frozenset({"session_flush", "session_event", "session_detach"})
 """The hooks whose implementations the host calls one by one, so they take no wrappers."""
 
 
 class HostPluginManager(pluggy.PluginManager):
-    """pluggy's plugin manager, refusing hook wrappers on ``session_flush`` and ``session_event``.
+    """pluggy's plugin manager, refusing hook wrappers on the hooks it calls one by one.
 
-    The host calls the implementations of these two hooks one by one, so that one that raises
+    The host calls the implementations of ``session_flush``, ``session_event`` and
+    ``session_detach`` one by one, so that one that raises
     cannot keep the others from running; a wrapper would never run, so registering one is an
     error, raised before the plugin is registered or configured.
     """
@@ -111,6 +112,17 @@ class HostHooks:
                     impl.plugin_name,
                     event.seq,
                     session.id,
+                )
+
+    def session_detach(self, session: Session) -> None:
+        """Announce that *session* is no longer live, as :meth:`session_event` announces."""
+        kwargs = {"session": session, "host": self._host}
+        for impl in reversed(self._hook.session_detach.get_hookimpls()):
+            try:
+                _call(impl, kwargs)
+            except Exception:
+                logger.exception(
+                    "session_detach listener %r failed on session %r", impl.plugin_name, session.id
                 )
 
     def _first(self, name: str, **kwargs: Any) -> object:

@@ -45,7 +45,7 @@ class Session:
     host's plugins through the ``session_event`` hook. A session built directly is detached.
     """
 
-    __slots__ = ("_clock", "_log", "_on_append", "id")
+    __slots__ = ("__weakref__", "_clock", "_log", "_on_append", "id")
 
     def __init__(
         self,
@@ -127,10 +127,24 @@ class SessionStore:
         return tuple(self._live.values())
 
     def detach(self, session: Session) -> None:
-        """Stop treating *session* as live; its later appends are no longer announced."""
+        """Stop treating *session* as live; its later appends are no longer announced.
+
+        The plugins hear of it (``session_detach``): a persistence backend writes what the
+        session admitted, in the background, and then releases what it held for it.
+        """
         if self.is_live(session):
             del self._live[session.id]
             session._on_append = None
+            self._hooks.session_detach(session)
+
+    async def close(self, session: Session) -> None:
+        """Flush *session*, then detach it: its events are durable and its resources released.
+
+        :raises SessionNotLiveError: if *session* is not live here.
+        :raises Exception: what the flush raised; the session then stays live.
+        """
+        await self.flush(session)
+        self.detach(session)
 
     async def flush(self, session: Session) -> bool:
         """Make every event admitted for *session* durable.

@@ -143,6 +143,10 @@ class OsFiles:
         self._count("fsync")
         os.fsync(fd)
 
+    def size(self, fd: int) -> int:
+        """The size of the open file *fd*."""
+        return os.fstat(fd).st_size
+
     def truncate(self, fd: int, size: int) -> None:
         self._count("truncate")
         os.ftruncate(fd, size)

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -90,6 +93,14 @@ DEFAULT_INLINE_WRITE_LIMIT: Final = 0.002
 """Seconds a session's recent writes may take for an awaited flush to write on the loop."""
 
 
+def _default_max_open_sessions() -> int:
+    """An eighth of the process's limit on open files: a quarter of them, at two per session."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 16
+    return max(4, soft // 8)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredLog:
     """A session log as stored, and the repair that closes its open turn.
@@ -119,7 +130,9 @@ class PersistenceStatistics:
     """Counters of one backend since it was created."""
 
     sessions: int
-    """Sessions with a writer (sessions that admitted events)."""
+    """Live sessions with a writer (sessions that admitted events)."""
+    open_sessions: int
+    """Sessions whose log and lock files are open."""
     pending_events: int
     """Events admitted and not yet durable."""
     batches: int
@@ -133,14 +146,19 @@ class PersistenceStatistics:
 
 
 class _Log:
-    """The durable state of one session file. Touched only by the writer holding its lock."""
+    """The durable state of one session file. Touched only by the writer holding its lock.
+
+    Its files (the lock and the log) are open while ``lock_fd`` is set; an idle session's may
+    be closed to stay within :attr:`~JsonlSessionPersistence.max_open_sessions`, and are
+    opened again, and checked, by its next write.
+    """
 
     __slots__ = ("count", "fd", "lock_fd", "path", "size", "suspect")
 
     def __init__(self, path: Path, lock_fd: int) -> None:
         self.path = path
-        self.lock_fd = lock_fd
-        self.fd: int | None = None  # None until the file exists
+        self.lock_fd: int | None = lock_fd
+        self.fd: int | None = None  # None until the file exists, and while the files are closed
         self.size = 0  # committed bytes
         self.count = 0  # durable events: the seq the next event must have
         self.suspect = False  # a write failed: re-read the file before the next one
@@ -181,7 +199,7 @@ class _Writer:
         self.window = 0  # counts windows, so the timer can tell whether its window is still open
         self.window_open = False
         self.deadline = 0.0  # when the open window expires
-        self.timer = False  # whether a task is waiting for the window deadlines
+        self.timer: anyio.CancelScope | None = None  # of the task waiting for window deadlines
         self.barrier: _Barrier | None = None
         # At most one write per session at a time; taken at once when free, without the
         # scheduler round a plain anyio.Lock makes.
@@ -211,6 +229,10 @@ class JsonlSessionPersistence:
     :param inline_write_limit: An awaited flush writes on the event loop's thread while the
         session's recent writes took less than this many seconds, and in a worker thread
         otherwise; ``0`` always uses a worker thread.
+    :param max_open_sessions: At most this many sessions keep their two files (the log and
+        its lock) open; the files of the least recently written idle session are closed to
+        make room, and opened again by its next write. By default, an eighth of the process's
+        limit on open files.
     :param files: The file layer; replace it to inject faults.
     """
 
@@ -222,6 +244,7 @@ class JsonlSessionPersistence:
         *,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         inline_write_limit: float = DEFAULT_INLINE_WRITE_LIMIT,
+        max_open_sessions: int | None = None,
         files: OsFiles | None = None,
     ) -> None:
         window: object = batch_window
@@ -232,11 +255,18 @@ class JsonlSessionPersistence:
             raise ValueError(
                 f"inline_write_limit must be a number of seconds, 0 or more, not {limit!r}"
             )
+        most: object = max_open_sessions
+        if most is None:
+            most = _default_max_open_sessions()
+        if type(most) is not int or most < 1:
+            raise ValueError(f"max_open_sessions must be a positive integer, not {most!r}")
         self.root: Final = Path(root).absolute()
         self.batch_window: Final = float(batch_window)
         self.inline_write_limit: Final = float(inline_write_limit)
+        self.max_open_sessions: Final = most
         self.files: Final = files if files is not None else OsFiles()
         self._writers: dict[str, _Writer] = {}
+        self._open: OrderedDict[str, _Writer] = OrderedDict()  # least recently written first
         self._task_group: TaskGroup | None = None
         self._batches = 0
 
@@ -266,6 +296,50 @@ class JsonlSessionPersistence:
         if not writer.window_open and writer.barrier is None:
             self._open_window(writer)
 
+    @hookimpl
+    def session_detach(self, session: Session) -> None:
+        """Release what the session holds here once what it admitted is written.
+
+        A session with nothing queued and no write in flight is released at once (after
+        ``sessions.close()``, always); otherwise its queue is written in the background first.
+        A session whose last events cannot be written keeps its writer, so that closing the
+        backend tries again and reports the failure.
+        """
+        writer = self._writers.get(session.id)
+        if writer is None or writer.session is not session:
+            return
+        if not (writer.pending or writer.lane.locked() or writer.barrier is not None):
+            self._forget(writer)
+        elif self._task_group is not None:  # else the backend is closing, and drains it
+            self._task_group.start_soon(self._retire, writer, session)
+
+    async def _retire(self, writer: _Writer, session: Session) -> None:
+        try:
+            await self._flush(writer)
+        except Exception:
+            logger.exception(
+                "session %r was detached, and its last events could not be written; "
+                "closing the backend tries again",
+                writer.session_id,
+            )
+            return
+        async with writer.lane:
+            # Unless the id became live again meanwhile, with a new session that goes on.
+            if writer.session is session and not writer.pending:
+                self._forget(writer)
+
+    def _forget(self, writer: _Writer) -> None:
+        """Drop a drained writer, closing its files (on this thread: closing is quick)."""
+        if self._writers.get(writer.session_id) is writer:
+            del self._writers[writer.session_id]
+        if self._open.get(writer.session_id) is writer:
+            del self._open[writer.session_id]
+        if writer.log is not None:
+            self._release(writer.log)
+            writer.log = None
+        if writer.timer is not None:
+            writer.timer.cancel()  # its task holds the writer, and the writer the session
+
     def _open_window(self, writer: _Writer) -> None:
         """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
 
@@ -276,9 +350,9 @@ class JsonlSessionPersistence:
         writer.window += 1
         writer.window_open = True
         writer.deadline = anyio.current_time() + self.batch_window
-        if not writer.timer:
-            writer.timer = True
-            self._task_group.start_soon(self._window_timer, writer)
+        if writer.timer is None:
+            writer.timer = anyio.CancelScope()
+            self._task_group.start_soon(self._window_timer, writer, writer.timer)
 
     @hookimpl
     def session_flush(self, session: Session) -> FlushThunk | None:
@@ -304,6 +378,7 @@ class JsonlSessionPersistence:
         calls = self.files.calls
         return PersistenceStatistics(
             sessions=len(self._writers),
+            open_sessions=len(self._open),
             pending_events=sum(len(writer.pending) for writer in self._writers.values()),
             batches=self._batches,
             writes=calls["write"],
@@ -329,12 +404,13 @@ class JsonlSessionPersistence:
                     await self._flush(writer)
                 except Exception as exc:
                     failures[writer.session_id] = exc
-        for writer in self._writers.values():
+        for writer in list(self._writers.values()):
             async with writer.lane:
                 if writer.log is not None:
-                    await anyio.to_thread.run_sync(self._release, writer.log)
+                    self._release(writer.log)
                     writer.log = None
         self._writers.clear()
+        self._open.clear()
         if failures:
             raise next(iter(failures.values()))
 
@@ -388,28 +464,31 @@ class JsonlSessionPersistence:
                 writer.barrier = None
             barrier.done.set()
 
-    async def _window_timer(self, writer: _Writer) -> None:
+    async def _window_timer(self, writer: _Writer, scope: anyio.CancelScope) -> None:
         """Write each window's batch when the window expires, one window after another.
 
         One task serves the windows of a writer in turn: if the window it waits for was closed
         (by a flush) and a new one opened meanwhile, it waits on for the new one's deadline, so
-        a session that flushes every few events does not start a task for every window.
+        a session that flushes every few events does not start a task for every window. The
+        task ends early (*scope* cancelled) when its session is released.
         """
         window, deadline = writer.window, writer.deadline
         try:
-            while True:
-                # Sleep even if a flush already took the window: a task that exited at once
-                # would be started again by the next event, for every flush.
-                await anyio.sleep_until(deadline)
-                if writer.window_is(window):
-                    async with writer.lane:
-                        if writer.window_is(window):  # no flush took it while the lane was busy
-                            await self._write_in_background(writer)
-                if not writer.window_open:
-                    return
-                window, deadline = writer.window, writer.deadline
+            with scope:
+                while True:
+                    # Sleep even if a flush already took the window: a task that exited at
+                    # once would be started again by the next event, for every flush.
+                    await anyio.sleep_until(deadline)
+                    if writer.window_is(window):
+                        async with writer.lane:
+                            if writer.window_is(window):  # no flush took it meanwhile
+                                await self._write_in_background(writer)
+                    if not writer.window_open:
+                        return
+                    window, deadline = writer.window, writer.deadline
         finally:
-            writer.timer = False
+            if writer.timer is scope:
+                writer.timer = None
 
     async def _write_in_background(self, writer: _Writer) -> None:
         try:
@@ -426,12 +505,14 @@ class JsonlSessionPersistence:
     def _may_write_inline(self, writer: _Writer) -> bool:
         """Whether an awaited write of *writer* should run on the event loop's thread.
 
-        Only a plain append may: creating the file, or reading it again after a failed write
-        (a whole log, for a resumed session), stays off the loop.
+        Only an append to an existing file may (opening it again first, if its files were
+        closed while idle: two quick system calls): creating the file, or reading it again
+        after a failed write (a whole log, for a resumed session), stays off the loop.
         """
         log = writer.log
         return (
             log is not None
+            and log.size > 0  # the file exists
             and not log.suspect
             and writer.write_seconds < self.inline_write_limit
             and loop_is_idle()
@@ -447,6 +528,7 @@ class JsonlSessionPersistence:
         """
         batch, writer.pending = writer.pending, []
         writer.window_open = False
+        self._make_room(writer)
         written = False
 
         def write() -> None:
@@ -464,6 +546,40 @@ class JsonlSessionPersistence:
                 self._batches += 1
             else:
                 writer.pending[:0] = batch
+            self._note_files(writer)
+
+    def _make_room(self, writer: _Writer) -> None:
+        """Before *writer* opens its files, close those of idle sessions while too many are open.
+
+        The least recently written idle session goes first; a session is idle while no write
+        or flush of it is under way. Runs on the event loop's thread.
+        """
+        log = writer.log
+        if log is not None and log.lock_fd is not None:
+            return  # its files are open
+        while len(self._open) >= self.max_open_sessions:
+            idle = next(
+                (
+                    other
+                    for other in self._open.values()
+                    if not other.lane.locked() and other.barrier is None
+                ),
+                None,
+            )
+            if idle is None:
+                return  # every open session is writing: go over the limit for now
+            del self._open[idle.session_id]
+            if idle.log is not None:
+                self._release(idle.log)
+
+    def _note_files(self, writer: _Writer) -> None:
+        """Keep the order of the sessions whose files are open, after a write of *writer*."""
+        log = writer.log
+        if log is not None and log.lock_fd is not None:
+            self._open[writer.session_id] = writer
+            self._open.move_to_end(writer.session_id)
+        elif self._open.get(writer.session_id) is writer:
+            del self._open[writer.session_id]
 
     def _timed_append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
         """:meth:`_append`, keeping the slowest recent write's duration for the next choice."""
@@ -479,6 +595,8 @@ class JsonlSessionPersistence:
         log = writer.log
         if log is None:
             log = writer.log = self._open_for_writing(writer.session_id)
+        elif log.lock_fd is None:
+            self._reopen(log, writer.session_id)
         elif log.suspect:
             self._verify(log, writer.session_id)
         seqs = [event.seq for event in batch]
@@ -492,7 +610,13 @@ class JsonlSessionPersistence:
         data = encode_events(batch)
         if log.size == 0:  # the file does not exist yet
             header = encode_header(SessionHeader(writer.session_id, batch[0].time))
-            self.files.publish(log.path, header + data)
+            try:
+                self.files.publish(log.path, header + data)
+            except BaseException:
+                # Nothing exists: keep no lock, and start over (off the loop) next time.
+                self._release(log)
+                writer.log = None
+                raise
             log.size = len(header) + len(data)
         else:
             if log.fd is None:  # opened only now, so a failed open cannot undo the publish
@@ -573,10 +697,29 @@ class JsonlSessionPersistence:
         log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
 
     def _release(self, log: _Log) -> None:
+        """Close the log's files; what is known of the log stays, for :meth:`_reopen`."""
         if log.fd is not None:
             self.files.close(log.fd)
             log.fd = None
-        self.files.unlock(log.lock_fd)
+        if log.lock_fd is not None:
+            self.files.unlock(log.lock_fd)
+            log.lock_fd = None
+
+    def _reopen(self, log: _Log, session_id: str) -> None:
+        """Open the files of a log closed while idle, and check that nobody changed it."""
+        log.lock_fd = self._lock(session_id, log.path.parent)
+        try:
+            if log.size:
+                log.fd = self.files.open_append(log.path)
+                size = self.files.size(log.fd)
+                if size != log.size:
+                    raise PersistenceError(
+                        f"{log.path} changed while its files were closed: it holds {size} "
+                        f"bytes where {log.size} were written; another process wrote it"
+                    )
+        except BaseException:
+            self._release(log)
+            raise
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -617,9 +760,8 @@ class JsonlSessionPersistence:
             assert writer.log is not None
             header = SessionHeader(session_id, events[0].time)
             return StoredLog(header, tuple(events), (), 0, writer.log.path)
-        with anyio.CancelScope(shield=True):
-            recovered = await anyio.to_thread.run_sync(self._recover, session_id)
-        return recovered
+        # The repair is written once started, whatever cancels the caller meanwhile.
+        return await run_in_worker(partial(self._recover, session_id))
 
     def _recover(self, session_id: str) -> StoredLog:
         directory = self._directory(session_id)

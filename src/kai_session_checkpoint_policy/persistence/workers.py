@@ -61,7 +61,7 @@ class _Job(Generic[T]):
     __slots__ = ("error", "finished", "func", "notify", "result", "waiter")
 
     def __init__(self, func: Callable[[], T]) -> None:
-        self.func = func
+        self.func: Callable[[], T] | None = func
         self.result: T | None = None
         self.error: BaseException | None = None
         self.finished = False  # set on the event loop's thread
@@ -69,11 +69,22 @@ class _Job(Generic[T]):
         self.notify: Callable[[], object] = lambda: None
 
     def run(self) -> None:
-        """Run the call (in the worker thread)."""
+        """Run the call (in the worker thread), then let go of it.
+
+        The call holds its caller's state (a batch, a session), which must not outlive the
+        caller's interest in it while the thread still holds this job.
+        """
+        func, self.func = self.func, None
+        assert func is not None, "a job runs once"
         try:
-            self.result = self.func()
+            self.result = func()
         except BaseException as error:  # raised again by the task waiting for the job
             self.error = error
+
+    def run_here(self) -> T:
+        """Run the call in this thread and return what it returned."""
+        self.run()
+        return self.outcome()
 
     def finish(self) -> None:
         """Mark the job over and wake its caller (on the event loop's thread)."""
@@ -151,7 +162,7 @@ class _Workers:
             return
         token = _trio_token()
         if token is None:  # another event loop: anyio's own threads
-            job.result = await anyio.to_thread.run_sync(job.func)
+            job.result = await anyio.to_thread.run_sync(job.run_here)
             return
         job.notify = partial(token.run_sync_soon, job.finish)
         self._submit(job)
@@ -183,6 +194,7 @@ class _Workers:
                 self._idle += 1
             with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
                 job.notify()
+            del job  # while idle, hold nothing of the last job
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
