@@ -32,6 +32,12 @@ class Figures:
     """Recovered logs put through the invariant checker."""
     violations: int = 0
     """Invariant violations found (a test fails on any)."""
+    cancel_schedules: int = 0
+    """Seeded schedules of turns and flushes cancelled at random moments."""
+    cancellations: int = 0
+    """Cancellations those schedules made (anyio's and, on asyncio, native ones)."""
+    cancel_violations: int = 0
+    """Promises a cancellation schedule found broken (a test fails on any)."""
     long_run_sessions: int = 0
     """Sessions served one after another by one host under a small limit on open files."""
     long_run_peak_descriptors: int = 0
@@ -48,6 +54,11 @@ class Figures:
             f"{self.recoveries_checked} recoveries checked, "
             f"{self.violations} invariant violations"
         )
+        if self.cancel_schedules:
+            terminalreporter.write_line(
+                f"{self.cancel_schedules} cancellation schedules, {self.cancellations} "
+                f"cancellations, {self.cancel_violations} violations"
+            )
         if self.long_run_sessions:
             terminalreporter.write_line(
                 f"long run: {self.long_run_sessions} sessions one after another, at most "
