@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kai_session_checkpoint_policy import JSON, SessionEvent
-    from kai_session_checkpoint_policy.pytest_plugin import RecordingAdapter
+    from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder, Gate, RecordingAdapter
 
 pytestmark = pytest.mark.anyio
 
@@ -329,3 +329,62 @@ async def test_a_cancelled_batch_keeps_finished_results_and_answers_the_rest_in_
         "step/end",
         "turn/end",
     ]
+
+
+class HoldChecksAfter:
+    """Holds every flush once the *nth* event of *event_type* is appended."""
+
+    name = "hold-checks-after"
+
+    def __init__(self, event_type: str, nth: int, recorder: FlushRecorder) -> None:
+        self.event_type = event_type
+        self.left = nth
+        self.recorder = recorder
+        self.gate: Gate | None = None
+        self.holding = anyio.Event()
+
+    @hookimpl
+    def session_event(self, event: SessionEvent) -> None:
+        if event.type == self.event_type:
+            self.left -= 1
+            if self.left == 0:
+                self.gate = self.recorder.hold()
+                self.holding.set()
+
+    async def held(self) -> Gate:
+        await self.holding.wait()
+        assert self.gate is not None
+        return self.gate
+
+
+@asyncio_only
+async def test_concurrent_calls_hear_of_a_native_cancel_of_their_turn_before_dispatching(
+    kai_host: Host,
+    kai_session: Session,
+    kai_recording_adapter: RecordingAdapter,
+    kai_flush_recorder: FlushRecorder,
+) -> None:
+    started: list[str] = []
+
+    async def read(execution: ToolExecution) -> JSON:
+        started.append(execution.call_id)
+        return "read"
+
+    kai_host.tools.register(Tool("read", read, concurrency_safe=True))
+    kai_recording_adapter.script(
+        ToolCallRequest("a", "read"), ToolCallRequest("b", "read"), Finish("tool-calls")
+    )
+    holder = HoldChecksAfter("tool/call", 2, kai_flush_recorder)
+    kai_host.register(holder)  # once both calls are recorded, their checkpoints wait
+    agent = Agent(kai_host, kai_session, provider="mock", model="m")
+    turn = asyncio.ensure_future(agent.run_turn("Read."))
+    gate = await holder.held()
+    await anyio.wait_all_tasks_blocked()
+    assert kai_flush_recorder.flushes[-2:] == ["kai-session", "kai-session"]
+    gate.release()  # the calls' tasks are resumed first...
+    turn.cancel()  # ...and the turn's task only after them, with its cancellation
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert started == []
+    assert results(kai_session) == [("a", ABORTED_BEFORE_DISPATCH), ("b", ABORTED_BEFORE_DISPATCH)]
+    assert types(kai_session)[-2:] == ["step/end", "turn/end"]

@@ -12,27 +12,36 @@ This module imports nothing from the rest of the package, so any host can use it
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import anyio.lowlevel
 
-__all__ = ["checkpoint_if_cancelled"]
+__all__ = ["cancel_pending", "checkpoint_if_cancelled", "current_asyncio_task"]
 
 
-def _native_cancel_pending() -> bool:
-    """Whether ``cancel()`` was called on the running asyncio task and not yet delivered."""
-    if "asyncio" not in sys.modules:  # pragma: no cover - anyio imports it
-        return False
+def current_asyncio_task() -> asyncio.Task[object] | None:
+    """The running asyncio task, or ``None`` on another event loop (trio)."""
     try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running asyncio loop: trio
-        return False
-    # anyio reads the same attribute; both the C and the Python tasks have it.
-    return task is not None and bool(getattr(task, "_must_cancel", False))
+        return asyncio.current_task()
+    except RuntimeError:  # no running asyncio loop
+        return None
+
+
+def cancel_pending(task: asyncio.Task[object]) -> bool:
+    """Whether ``task.cancel()`` was called and *task* has not yet been given its cancellation.
+
+    True while the task runs after a ``cancel()`` of its own, and while it waits for the
+    scheduler to resume it with the cancellation (``cancel()`` cancelled what it awaited).
+    """
+    # anyio reads the same attributes; both the C and the Python tasks have them.
+    if getattr(task, "_must_cancel", False):
+        return True
+    waiter = getattr(task, "_fut_waiter", None)
+    return isinstance(waiter, asyncio.Future) and waiter.cancelled()
 
 
 async def checkpoint_if_cancelled() -> None:
     """Raise the caller's cancellation if one is pending; otherwise return without yielding."""
-    if _native_cancel_pending():
+    task = current_asyncio_task()
+    if task is not None and cancel_pending(task):
         await asyncio.sleep(0)  # delivers the cancellation
     await anyio.lowlevel.checkpoint_if_cancelled()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
+from ..cancellation import current_asyncio_task
 from ..events import tool_result_data
 from ..hookspecs import hookimpl
 from ..results import aborted_before_dispatch, outcome_unknown
@@ -114,6 +115,8 @@ class Agent:
         reason ``error``; anyio cancellation ends it as ``aborted`` and propagates.
         """
         signal = AbortController().signal if signal is None else signal
+        # Tool calls may run in tasks of their own: they hear of a cancel() of this one at once.
+        tool_signal = signal._following(current_asyncio_task())
         session = self.session
         turn = 1 + sum(event.type == "turn/start" for event in session.events)
         session.append("turn/start", {"turn": turn})
@@ -131,7 +134,7 @@ class Agent:
                     if step == 1:
                         session.append("user/message", _user_message(turn, text))
                     outcome_text, requested = await self._request(turn, step, calls)
-                    await self._run_tools(requested, signal, calls)
+                    await self._run_tools(requested, tool_signal, calls)
                 finally:
                     calls.close()
                     session.append("step/end", {"turn": turn, "step": step})
