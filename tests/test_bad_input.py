@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import pytest
@@ -33,6 +37,8 @@ from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
     JsonlSessionPersistence,
+    NotARegularFileError,
+    OsFiles,
     PersistenceError,
     SessionLockedError,
     UnsupportedFormatError,
@@ -60,7 +66,10 @@ if TYPE_CHECKING:
 
     from kai_session_checkpoint_policy import JSON, TurnOutcome
 
+T = TypeVar("T")
+
 LOG: Final = "session.jsonl"
+LOCK: Final = "session.lock"
 SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
 
 
@@ -364,3 +373,136 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
         reap(child)
     recovered = anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
     assert recovered.events[-1].type == "turn/end"
+
+
+# -- files that are not regular files --------------------------------------------------------
+
+
+FIFO_DEADLINE: Final = 30.0
+"""Seconds an operation on a FIFO may take before the test releases it and fails."""
+
+
+def without_hanging(call: Callable[[], T], *fifos: Path) -> T:
+    """Run *call* in a thread and return its result; a FIFO that blocks it fails the test.
+
+    If *call* is still running after :data:`FIFO_DEADLINE` seconds, the other end of each of
+    *fifos* is opened and closed again, which lets an open blocked on it (and a read after it)
+    return, and the test fails.
+    """
+    results: list[T] = []
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            results.append(call())
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(FIFO_DEADLINE)
+    if thread.is_alive():
+        for fifo in fifos:
+            os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+        thread.join(FIFO_DEADLINE)
+        pytest.fail(f"blocked on a FIFO for {FIFO_DEADLINE} seconds")
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def special_file(path: Path, kind: str) -> Path:
+    """Make *path* a FIFO, a directory, a socket or a symbolic link; return it."""
+    if kind == "a FIFO":
+        os.mkfifo(path, 0o600)
+    elif kind == "a directory":
+        path.mkdir()
+    elif kind == "a socket":
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(str(path))
+    else:
+        path.symlink_to(path.with_name("target"))
+        path.with_name("target").write_bytes(b"")
+    return path
+
+
+def refused(path: Path, kind: str) -> str:
+    if kind == "a symbolic link":
+        return f"{path} is a symbolic link; refusing to follow it"
+    return f"{path} is {kind}, not a regular file; refusing to open it"
+
+
+FILE_OPERATIONS: Final[dict[str, Callable[[OsFiles, Path], object]]] = {
+    "read": OsFiles.read,
+    "read_first_line": OsFiles.read_first_line,
+    "open_append": OsFiles.open_append,
+    "lock": OsFiles.lock,
+}
+
+
+@pytest.mark.parametrize("operation", FILE_OPERATIONS)
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a socket", "a symbolic link"])
+def test_only_regular_files_are_opened(tmp_path: Path, operation: str, kind: str) -> None:
+    path = special_file(tmp_path / "file", kind)
+    files = OsFiles()
+    fifos = [path] if kind == "a FIFO" else []
+    with pytest.raises(NotARegularFileError) as refusal:
+        without_hanging(lambda: FILE_OPERATIONS[operation](files, path), *fifos)
+    assert str(refusal.value) == refused(path, kind)
+    assert (refusal.value.path, refusal.value.kind) == (path, kind)
+
+
+@pytest.mark.parametrize("operation", FILE_OPERATIONS)
+def test_a_device_is_not_opened_as_a_file(operation: str) -> None:
+    with pytest.raises(NotARegularFileError) as refusal:
+        FILE_OPERATIONS[operation](OsFiles(), Path(os.devnull))
+    assert str(refusal.value) == refused(Path(os.devnull), "a character device")
+
+
+def test_regular_files_stay_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(b"line\n")
+    files = OsFiles()
+    for fd in (files.open_append(path), files.lock(tmp_path / "lock")):
+        try:
+            assert os.get_blocking(fd)
+        finally:
+            os.close(fd)
+    assert files.read(path) == files.read_first_line(path) == b"line\n"
+
+
+def fifo_session(root: Path, name: str) -> tuple[Path, list[SessionEvent]]:
+    """A stored session whose log, lock, or copy of a torn tail (``torn``) is a FIFO."""
+    path, written = stored(root)
+    if name == "torn":  # a torn tail, whose copy recovery would keep in the FIFO
+        fifo = path.with_name(f"{LOG}.torn-{path.stat().st_size}")
+        with path.open("ab") as log:
+            log.write(b'{"type":"tool/result","se')
+    else:
+        fifo = path.with_name(name)
+        fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    return fifo, written
+
+
+@pytest.mark.parametrize(
+    ("name", "reads"),
+    [(LOG, ("inspect", "load", "write")), ("torn", ("load",)), (LOCK, ("load", "write"))],
+)
+def test_a_fifo_in_a_session_is_refused_without_blocking(
+    tmp_path: Path, name: str, reads: tuple[str, ...]
+) -> None:
+    fifo, written = fifo_session(tmp_path, name)
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(tmp_path)
+    for read in reads:
+        if read == "write":
+            outcome = without_hanging(lambda: anyio.run(resume_turn, tmp_path, "s", written), fifo)
+            error = outcome.error
+        else:
+            with pytest.raises(NotARegularFileError) as refusal:
+                without_hanging(partial(anyio.run, getattr(backend, read), "s"), fifo)
+            error = refusal.value
+        assert isinstance(error, NotARegularFileError)
+        assert str(error) == refused(fifo, "a FIFO")
+    assert tree(tmp_path) == before

@@ -593,7 +593,7 @@ class JsonlSessionPersistence:
     def _recover(self, session_id: str) -> StoredLog:
         directory = self._directory(session_id)
         path = directory / LOG_NAME
-        if not (path.exists() or path.is_symlink()):
+        if not _exists(path):
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
         log = _Log(path, self._lock(session_id, directory))
         try:
@@ -616,7 +616,7 @@ class JsonlSessionPersistence:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
         name, attempt = f"{LOG_NAME}.torn-{offset}", 1
         keep = directory / name
-        while keep.exists():
+        while _exists(keep):
             if self.files.read(keep) == torn:
                 return
             attempt += 1
@@ -641,10 +641,6 @@ class JsonlSessionPersistence:
         except FileNotFoundError:
             session_id = decode_session_id(path.parent.name)
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
-        except OSError as exc:
-            if path.is_symlink():
-                raise PersistenceError(f"{path} is a symbolic link; refusing to follow it") from exc
-            raise
 
     def _directory(self, session_id: str) -> Path:
         directory = self.root / encode_session_id(session_id)
@@ -653,3 +649,8 @@ class JsonlSessionPersistence:
                 f"{directory} is a symbolic link; refusing to follow it out of the root"
             )
         return directory
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything has the name *path*: a dangling symbolic link does too."""
+    return path.is_symlink() or path.exists()
