@@ -41,6 +41,7 @@ from kai_session_checkpoint_policy.persistence import (
     OsFiles,
     PersistenceError,
     SessionLockedError,
+    SessionNotFoundError,
     UnsupportedFormatError,
     encode_session_id,
 )
@@ -506,3 +507,98 @@ def test_a_fifo_in_a_session_is_refused_without_blocking(
         assert isinstance(error, NotARegularFileError)
         assert str(error) == refused(fifo, "a FIFO")
     assert tree(tmp_path) == before
+
+
+# -- what recovery leaves behind -------------------------------------------------------------
+
+
+def unlocked_session(root: Path, damage: str) -> tuple[Path, type[Exception]]:
+    """A session never written here (no lock file), *damage*-d; its log and the refusal."""
+    path, _ = stored(root)
+    path.with_name(LOCK).unlink()
+    data = path.read_bytes()
+    if damage == "no log":
+        path.unlink()
+        return path, SessionNotFoundError
+    if damage == "corrupt":
+        lines = data.split(b"\n")
+        lines[5] = DAMAGE["garbage"](lines[5])  # an event of the first turn
+        path.write_bytes(b"\n".join(lines))
+        return path, CorruptLogError
+    if damage == "newer":
+        path.write_bytes(data.replace(b'"version":1', b'"version":2', 1))
+        return path, UnsupportedFormatError
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    return path, NotARegularFileError
+
+
+@pytest.mark.parametrize("damage", ["no log", "corrupt", "newer", "fifo"])
+def test_a_refused_recovery_leaves_no_lock_file(tmp_path: Path, damage: str) -> None:
+    path, error = unlocked_session(tmp_path, damage)
+    before = tree(tmp_path)
+    with pytest.raises(error):
+        without_hanging(partial(anyio.run, JsonlSessionPersistence(tmp_path).load, "s"), path)
+    assert tree(tmp_path) == before
+    assert not path.with_name(LOCK).exists()
+
+
+def test_a_recovery_with_nothing_to_do_leaves_no_lock_file(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    path.with_name(LOCK).unlink()
+    before = tree(tmp_path)
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (list(recovered.events), recovered.repair) == (written, ())
+    assert tree(tmp_path) == before
+
+
+class FinishingFiles(OsFiles):
+    """Real files on which another writer appends *rest* to *log* just before a lock is taken."""
+
+    def __init__(self, log: Path, rest: bytes) -> None:
+        super().__init__()
+        self.log, self.rest = log, rest
+
+    def lock(self, path: Path) -> int:
+        with self.log.open("ab") as log:
+            log.write(self.rest)
+        return super().lock(path)
+
+
+def test_a_recovery_that_repairs_reads_the_log_again_under_the_lock(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    path.with_name(LOCK).unlink()
+    data = path.read_bytes()
+    cut = data.index(b"\n", data.index(b'"step/start"')) + 1  # an open step: needs a repair
+    path.write_bytes(data[:cut])
+    files = FinishingFiles(path, data[cut:])  # the rest arrives before recovery locks the log
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path, files=files).load, "s")
+    assert (list(recovered.events), recovered.repair) == (written, ())
+    assert path.read_bytes() == data
+    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+
+
+STALE: Final = (f"{LOG}.0123456789ab.tmp", f"{LOG}.torn-100.abcdef012345.tmp")
+"""Temporary files an interrupted publish of a log, or of a torn tail's copy, leaves."""
+NOT_STALE: Final = (f"{LOG}.torn-100", "notes.tmp", f"{LOG}.0123456789AB.tmp", f"{LOG}.tmp")
+
+
+def test_recovery_removes_the_temporaries_an_interrupted_publish_left(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    for name in (*STALE, *NOT_STALE):
+        path.with_name(name).write_bytes(b"left over")
+    before = tree(tmp_path)
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert list(recovered.events) == written
+    assert tree(tmp_path) == {
+        name: entry for name, entry in before.items() if name.removeprefix("s/") not in STALE
+    }
+
+
+def test_a_writer_removes_the_temporary_of_an_interrupted_creation(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir(mode=0o700)
+    (directory / LOCK).write_bytes(b"")  # a writer took the lock, and died while publishing
+    (directory / STALE[0]).write_bytes(b'{"format":"kai-session"')
+    stored(tmp_path)
+    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}

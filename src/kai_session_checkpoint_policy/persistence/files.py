@@ -17,6 +17,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
 import stat
 import threading
@@ -28,10 +29,13 @@ from .errors import NotARegularFileError
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["LockedError", "OsFiles"]
+__all__ = ["TEMPORARY_NAME", "LockedError", "OsFiles"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
+
+TEMPORARY_NAME: Final = re.compile(r".+\.[0-9a-f]{12}\.tmp")
+"""The names of the temporary files :meth:`OsFiles.publish` writes: ``<name>.<12 hex>.tmp``."""
 
 _KINDS: Final = {
     stat.S_IFIFO: "a FIFO",
@@ -151,6 +155,18 @@ class OsFiles:
                 raise
         finally:
             temporary.unlink(missing_ok=True)
+
+    def remove_temporaries(self, directory: Path) -> None:
+        """Remove the temporary files that interrupted :meth:`publish` calls left in *directory*.
+
+        Call it only while holding the lock of *directory*, the only one that publishes there.
+        Best effort: a temporary that cannot be removed stays, and is never read.
+        """
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if TEMPORARY_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
     def read(self, path: Path) -> bytes:
         """Read the whole regular file *path*."""

@@ -497,13 +497,20 @@ class JsonlSessionPersistence:
         return log
 
     def _lock(self, session_id: str, directory: Path) -> int:
+        """Take the session's lock; then remove the temporaries an earlier holder left.
+
+        Only a lock holder publishes files, so no publish is in progress while this one holds
+        it: a temporary file in the directory was left by a holder that was interrupted.
+        """
         try:
-            return self.files.lock(directory / LOCK_NAME)
+            fd = self.files.lock(directory / LOCK_NAME)
         except LockedError:
             raise SessionLockedError(
                 f"session {session_id!r} is being written by another process "
                 f"(it holds {directory / LOCK_NAME})"
             ) from None
+        self.files.remove_temporaries(directory)
+        return fd
 
     def _verify(self, log: _Log, session_id: str) -> None:
         """(Re)open an existing log, check what it holds, and take its size and count.
@@ -595,6 +602,14 @@ class JsonlSessionPersistence:
         path = directory / LOG_NAME
         if not _exists(path):
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
+        if not _exists(directory / LOCK_NAME):
+            # No writer has held the session (writers create the lock file and never remove
+            # it): read the log before creating one, so that a refused recovery, or one with
+            # nothing to do, leaves nothing behind. A change is made under the lock, after
+            # reading the log again.
+            scan = scan_log(self._read(path), path)
+            if not (scan.torn or interrupted_turn_closers(scan.events)):
+                return StoredLog(scan.header, scan.events, (), 0, path)
         log = _Log(path, self._lock(session_id, directory))
         try:
             scan = scan_log(self._read(path), path)
