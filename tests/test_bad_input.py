@@ -602,3 +602,41 @@ def test_a_writer_removes_the_temporary_of_an_interrupted_creation(tmp_path: Pat
     (directory / STALE[0]).write_bytes(b'{"format":"kai-session"')
     stored(tmp_path)
     assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+
+
+# -- listing ---------------------------------------------------------------------------------
+
+
+def test_one_bad_session_never_hides_the_others(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    stored(root, "good")
+    stored(tmp_path / "elsewhere")
+    bad = {
+        "fifo": NotARegularFileError,
+        "link": InvalidSessionIdError,
+        "newer": UnsupportedFormatError,
+        "torn-header": CorruptLogError,
+    }
+    for name in ("fifo", "newer", "torn-header"):
+        (root / name).mkdir()
+    os.mkfifo(root / "fifo" / LOG)
+    (root / "newer" / LOG).write_bytes(b'{"format":"kai-session","version":2}\n')
+    (root / "torn-header" / LOG).write_bytes(b'{"format":"kai-session"')
+    (root / "link").symlink_to(tmp_path / "elsewhere" / "s", target_is_directory=True)
+    (root / "no-log-yet").mkdir()
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(root)
+    listing = without_hanging(partial(anyio.run, backend.scan_sessions), root / "fifo" / LOG)
+    assert [header.id for header in listing.headers] == ["good"]
+    assert [(problem.directory, type(problem.error)) for problem in listing.problems] == [
+        (root / name, error) for name, error in bad.items()
+    ]
+    assert [str(problem.error) for problem in listing.problems] == [
+        f"{root}/fifo/{LOG} is a FIFO, not a regular file; refusing to open it",
+        f"{root}/link is a symbolic link; refusing to follow it out of the root",
+        f"{root}/newer/{LOG} was written in session format version 2, newer than version 1 "
+        "which this release reads; upgrade kai-session-checkpoint-policy",
+        f"corrupt session log {root}/torn-header/{LOG}, line 1: the header line is incomplete",
+    ]
+    assert anyio.run(backend.list_sessions) == list(listing.headers)
+    assert tree(tmp_path) == before

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
 
 from .markers import kill_at_marker, start_agent
-from .persistence_helpers import tree
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -422,3 +423,92 @@ def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
     )
     names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
     assert [name.rsplit("-", 1)[0] for name in names][:2] == ["pay-invoice", "crash"]
+
+
+# -------------------------------------------------------------------------------------------
+# Listing a root with bad sessions, files that are not regular files
+# -------------------------------------------------------------------------------------------
+
+
+def run_child(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``kai-checkpoint`` as a child process (killed after a minute, so nothing hangs)."""
+    completed = subprocess.run(
+        [*COMMAND, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    return completed.returncode, completed.stdout, completed.stderr
+
+
+@pytest.fixture
+def mixed_root(tmp_path: Path) -> Path:
+    """Two intact sessions, four bad ones, and entries of the root that are no sessions."""
+    root = tmp_path / "sessions"
+    for session_id in ("b", "a"):
+        write_log(root, session_id, log_bytes(session_id, events(*COMPLETE_TURN)))
+    write_log(root, "torn-header", b'{"format":"kai-ses')
+    newer = log_bytes("newer", events(*COMPLETE_TURN)).replace(b'"version":1', b'"version":2')
+    write_log(root, "newer", newer)
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "session.jsonl")
+    write_log(tmp_path, "elsewhere", log_bytes("link", events(*COMPLETE_TURN)))
+    (root / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "never-published").mkdir()  # a writer died before the log existed
+    (root / "README").write_text("not a session\n")
+    return root
+
+
+def test_list_shows_the_intact_sessions_and_names_each_bad_one(mixed_root: Path) -> None:
+    root = mixed_root
+    status, out, err = run_child("list", root)
+    assert status == cli.EXIT_BAD_INPUT
+    assert out.splitlines() == ["a\t2023-11-14T22:13:20Z", "b\t2023-11-14T22:13:20Z"]
+    assert err.splitlines() == [
+        f"kai-checkpoint: cannot list {root}/fifo: {root}/fifo/session.jsonl is a FIFO, "
+        "not a regular file; refusing to open it",
+        f"kai-checkpoint: cannot list {root}/link: {root}/link is a symbolic link; refusing to "
+        "follow it out of the root",
+        f"kai-checkpoint: cannot list {root}/newer: {root}/newer/session.jsonl was written in "
+        "session format version 2, newer than version 1 which this release reads; upgrade "
+        "kai-session-checkpoint-policy",
+        f"kai-checkpoint: cannot list {root}/torn-header: corrupt session log "
+        f"{root}/torn-header/session.jsonl, line 1: the header line is incomplete",
+    ]
+
+
+def torn_log(root: Path) -> tuple[Path, int]:
+    """A session ``s`` its writer left with a torn tail; its log and the committed size."""
+    data = log_bytes("s", events(*COMPLETE_TURN))
+    path = write_log(root, "s", data + b'{"type":"turn/start","se')
+    path.with_name("session.lock").write_bytes(b"")
+    return path, len(data)
+
+
+@pytest.mark.parametrize(
+    ("command", "fifo"),
+    [
+        (("inspect", "{root}", "s"), "session.jsonl"),
+        (("recover", "{root}", "s"), "session.jsonl"),
+        (("agent", "--root", "{root}", "--session", "s"), "session.jsonl"),
+        (("list", "{root}"), "session.jsonl"),
+        (("recover", "{root}", "s"), "session.jsonl.torn-{committed}"),
+        (("recover", "{root}", "s"), "session.lock"),
+    ],
+)
+def test_a_fifo_is_refused_naming_it_and_nothing_hangs(
+    tmp_path: Path, command: tuple[str, ...], fifo: str
+) -> None:
+    path, committed = torn_log(tmp_path)
+    fifo_path = path.with_name(fifo.format(committed=committed))
+    fifo_path.unlink(missing_ok=True)
+    os.mkfifo(fifo_path)
+    before = tree(tmp_path)
+    status, out, err = run_child(*(arg.format(root=tmp_path) for arg in command))
+    problem = f"{fifo_path} is a FIFO, not a regular file; refusing to open it"
+    if command[0] == "list":
+        problem = f"cannot list {fifo_path.parent}: {problem}"
+    assert (status, out, err) == (cli.EXIT_BAD_INPUT, "", f"kai-checkpoint: {problem}\n")
+    assert tree(tmp_path) == before

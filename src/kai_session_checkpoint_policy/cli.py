@@ -11,7 +11,9 @@ Subcommands::
 
 Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
 this release does not read), with one line on standard error that names the problem.
-``list`` and ``inspect`` never write anything.
+``list`` prints every intact session on standard output and one line per session it cannot
+read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
+anything.
 """
 
 from __future__ import annotations
@@ -228,16 +230,20 @@ def _existing_root(root: str) -> Path:
 
 
 async def _list(args: argparse.Namespace) -> int:
+    """The intact sessions on standard output; one line per unreadable one on standard error."""
     from .persistence import JsonlSessionPersistence
 
     backend = JsonlSessionPersistence(_existing_root(args.root))
-    headers = await backend.list_sessions()
+    listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout)
-    if not headers:
+    if not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {args.root}"))
-    for header in headers:  # oldest first
+    for header in listing.headers:  # oldest first
         console.line(f"{header.id}\t{_format_time(header.created_at)}")
-    return EXIT_OK
+    for problem in listing.problems:
+        directory = problem.directory
+        print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
+    return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
 
 def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: bool) -> None:

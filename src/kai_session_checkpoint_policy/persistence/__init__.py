@@ -18,7 +18,14 @@ from .errors import (
 )
 from .files import LockedError, OsFiles
 from .format import FORMAT, FORMAT_VERSION, SessionHeader, decode_session_id, encode_session_id
-from .jsonl import DEFAULT_BATCH_WINDOW, JsonlSessionPersistence, PersistenceStatistics, StoredLog
+from .jsonl import (
+    DEFAULT_BATCH_WINDOW,
+    JsonlSessionPersistence,
+    PersistenceStatistics,
+    SessionListing,
+    SessionProblem,
+    StoredLog,
+)
 from .repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, interrupted_turn_closers
 from .service import SessionPersistence
 
@@ -40,9 +47,11 @@ __all__ = [
     "RollbackError",
     "SeqMismatchError",
     "SessionHeader",
+    "SessionListing",
     "SessionLockedError",
     "SessionNotFoundError",
     "SessionPersistence",
+    "SessionProblem",
     "StoredLog",
     "UnsupportedFormatError",
     "decode_session_id",

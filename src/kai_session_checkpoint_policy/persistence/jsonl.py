@@ -78,6 +78,8 @@ __all__ = [
     "DEFAULT_INLINE_WRITE_LIMIT",
     "JsonlSessionPersistence",
     "PersistenceStatistics",
+    "SessionListing",
+    "SessionProblem",
     "StoredLog",
 ]
 
@@ -112,6 +114,26 @@ class StoredLog:
             f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
             f"path={self.path!r})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProblem:
+    """A session under the root that cannot be listed: its directory, and why."""
+
+    directory: Path
+    error: PersistenceError | OSError
+
+
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    """What :meth:`~JsonlSessionPersistence.scan_sessions` found under a root.
+
+    ``headers`` are those of the intact sessions, oldest first; ``problems`` the sessions whose
+    log cannot be read (corrupt, unsupported, not a regular file, unreadable), by directory.
+    """
+
+    headers: tuple[SessionHeader, ...]
+    problems: tuple[SessionProblem, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,8 +579,20 @@ class JsonlSessionPersistence:
     # -- reading --------------------------------------------------------------------------------
 
     async def list_sessions(self) -> list[SessionHeader]:
-        """The headers of the sessions stored under the root, oldest first."""
-        return await anyio.to_thread.run_sync(self._list)
+        """The headers of the intact sessions stored under the root, oldest first.
+
+        A session whose log cannot be read is left out; :meth:`scan_sessions` reports it.
+        """
+        return list((await self.scan_sessions()).headers)
+
+    async def scan_sessions(self) -> SessionListing:
+        """The headers of the intact sessions under the root, and the problems of the others.
+
+        Reads only the first line of each log. A session directory is one that holds a
+        ``session.jsonl`` (whatever it is), or a symbolic link (never followed); other
+        entries of the root are not sessions. One bad session never hides the others.
+        """
+        return await anyio.to_thread.run_sync(self._scan_sessions)
 
     async def inspect(self, session_id: str) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
@@ -638,17 +672,23 @@ class JsonlSessionPersistence:
             keep = directory / f"{name}.{attempt}"
         self.files.publish(keep, torn)
 
-    def _list(self) -> list[SessionHeader]:
+    def _scan_sessions(self) -> SessionListing:
         if not self.root.is_dir():
-            return []
-        headers = []
-        for entry in self.root.iterdir():
+            return SessionListing((), ())
+        headers: list[SessionHeader] = []
+        problems: list[SessionProblem] = []
+        for entry in sorted(self.root.iterdir()):
             path = entry / LOG_NAME
-            if entry.is_symlink() or not path.is_file():
-                continue
-            line = self.files.read_first_line(path)
-            headers.append(scan_log(line, path).header)
-        return sorted(headers, key=lambda header: (header.created_at, header.id))
+            try:
+                if entry.is_symlink():
+                    _refuse_link(entry)
+                if not _exists(path):
+                    continue  # not a session, or one whose log was never published
+                headers.append(scan_log(self.files.read_first_line(path), path).header)
+            except (PersistenceError, OSError) as exc:
+                problems.append(SessionProblem(entry, exc))
+        headers.sort(key=lambda header: (header.created_at, header.id))
+        return SessionListing(tuple(headers), tuple(problems))
 
     def _read(self, path: Path) -> bytes:
         try:
@@ -660,10 +700,14 @@ class JsonlSessionPersistence:
     def _directory(self, session_id: str) -> Path:
         directory = self.root / encode_session_id(session_id)
         if directory.is_symlink():
-            raise InvalidSessionIdError(
-                f"{directory} is a symbolic link; refusing to follow it out of the root"
-            )
+            _refuse_link(directory)
         return directory
+
+
+def _refuse_link(directory: Path) -> None:
+    raise InvalidSessionIdError(
+        f"{directory} is a symbolic link; refusing to follow it out of the root"
+    )
 
 
 def _exists(path: Path) -> bool:
