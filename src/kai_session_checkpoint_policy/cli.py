@@ -14,6 +14,9 @@ this release does not read), with one line on standard error that names the prob
 ``list`` prints every intact session on standard output and one line per session it cannot
 read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
 anything.
+
+Event data, session ids and paths are untrusted text: human-readable output shows every
+control character in them escaped (:func:`printable`); ``--json`` output is ASCII-only JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,6 +49,7 @@ __all__ = [
     "describe",
     "event_line",
     "main",
+    "printable",
 ]
 
 PROG: Final = "kai-checkpoint"
@@ -104,8 +109,27 @@ class Console:
         self.stream.flush()
 
 
+_UNPRINTABLE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+"""C0 and C1 controls, DEL, line and paragraph separators, bidi embeddings, overrides and
+isolates, and lone surrogates."""
+
+
+def printable(text: str) -> str:
+    """*text* with every control character escaped visibly, as Python writes it (``\\x1b``).
+
+    Escapes what could move the cursor, erase or forge a line, set the terminal's title, or
+    reorder what follows (C0 and C1 controls, DEL, U+2028, U+2029, U+202A-U+202E and
+    U+2066-U+2069), and lone surrogates, which no UTF-8 output can encode. Every piece of
+    untrusted text (event data and types, session ids, paths) goes through it before it is
+    printed.
+    """
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode(), text)
+
+
 def _shorten(text: str, limit: int = 72) -> str:
-    text = " ".join(text.split())
+    text = " ".join(printable(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -132,7 +156,11 @@ def _message(data: dict[str, JSON]) -> dict[str, JSON]:
 
 
 def describe(event: SessionEvent) -> str:
-    """A one-line human summary of *event*'s data."""
+    """A one-line human summary of *event*'s data, :func:`printable`."""
+    return _shorten(_summary(event))
+
+
+def _summary(event: SessionEvent) -> str:
     data = event.data
     kind = event.type
     if kind == "turn/start":
@@ -148,7 +176,7 @@ def describe(event: SessionEvent) -> str:
             text += f" ({error.get('message')})"
         return text
     if kind == "user/message":
-        return _shorten(repr(" ".join(_texts(data.get("content")))))
+        return repr(" ".join(_texts(data.get("content"))))
     if kind == "request/header":
         header = data.get("header")
         config = header.get("config") if isinstance(header, dict) else None
@@ -162,12 +190,12 @@ def describe(event: SessionEvent) -> str:
         chunk = data.get("chunk")
         if isinstance(chunk, dict):
             if chunk.get("type") == "tool-call":
-                return _shorten(f"tool-call {chunk.get('name')}({chunk.get('arguments')})")
+                return f"tool-call {chunk.get('name')}({chunk.get('arguments')})"
             if chunk.get("type") == "text-delta":
-                return _shorten(f"text {chunk.get('text')!r}")
+                return f"text {chunk.get('text')!r}"
             if chunk.get("type") == "finish":
                 return f"finish ({chunk.get('reason')})"
-        return _shorten(_compact(chunk))
+        return _compact(chunk)
     if kind == "assistant/message":
         content = _message(data).get("content")
         parts: list[str] = []
@@ -176,9 +204,9 @@ def describe(event: SessionEvent) -> str:
                 parts.append(f"asks for {block.get('name')} [{block.get('id')}]")
             elif isinstance(block, dict) and block.get("type") == "text":
                 parts.append(repr(block.get("text")))
-        return _shorten("; ".join(parts) or "(empty)")
+        return "; ".join(parts) or "(empty)"
     if kind == "tool/call":
-        return _shorten(f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]")
+        return f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]"
     if kind == "tool/result":
         message = _message(data)
         source = message.get("source")
@@ -192,8 +220,8 @@ def describe(event: SessionEvent) -> str:
             blocks = content if isinstance(content, list) else []
             if any(isinstance(block, dict) and block.get("isError") for block in blocks):
                 status = "error"
-        return _shorten(f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}")
-    return _shorten(_compact(data))
+        return f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}"
+    return _compact(data)
 
 
 def event_line(
@@ -206,7 +234,7 @@ def event_line(
     paint = paint or str
     return (
         paint(f"{mark}{event.seq:>4}  ")
-        + console.bold(paint(f"{event.type:<17}"))
+        + console.bold(paint(f"{printable(event.type):<17}"))
         + paint(f" {describe(event)}")
     )
 
@@ -237,11 +265,11 @@ async def _list(args: argparse.Namespace) -> int:
     listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout)
     if not listing.headers and not listing.problems:
-        console.line(console.dim(f"no sessions under {args.root}"))
+        console.line(console.dim(f"no sessions under {printable(args.root)}"))
     for header in listing.headers:  # oldest first
-        console.line(f"{header.id}\t{_format_time(header.created_at)}")
+        console.line(f"{printable(header.id)}\t{_format_time(header.created_at)}")
     for problem in listing.problems:
-        directory = problem.directory
+        directory = printable(str(problem.directory))
         print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
     return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
@@ -259,10 +287,10 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
     console = Console.for_stream(stream)
     header = log.header
     console.line(
-        console.bold(f"session {header.id}")
+        console.bold(f"session {printable(header.id)}")
         + console.dim(
             f"  created {_format_time(header.created_at)}, format version {header.version}, "
-            f"{log.path}"
+            f"{printable(str(log.path))}"
         )
     )
     for event in stored:
@@ -320,9 +348,9 @@ async def _agent(args: argparse.Namespace) -> int:
         ledger=None if args.ledger is None else Path(args.ledger),
         batch_window=args.batch_window,
     )
-    print(f"session {args.session}, turn {outcome.turn}: {_compact(outcome.reason)}")
+    print(f"session {printable(args.session)}, turn {outcome.turn}: {_compact(outcome.reason)}")
     if outcome.text:
-        print(f"assistant: {outcome.text}")
+        print(f"assistant: {printable(outcome.text)}")
     return EXIT_OK if outcome.error is None else 1
 
 
@@ -437,7 +465,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _problem(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
+    text = " ".join(printable(str(exc)).split())
     return text or type(exc).__name__
 
 
