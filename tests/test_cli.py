@@ -25,7 +25,7 @@ from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_N
 from kai_session_checkpoint_policy.events import tool_result_data
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
-from .markers import kill_at_marker, start_agent
+from .markers import kill_at_marker, reap, start_agent
 from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
 
 if TYPE_CHECKING:
@@ -662,7 +662,7 @@ def test_surrogates_and_invalid_utf8_never_fail_a_strict_utf8_output(tmp_path: P
 
 
 # -------------------------------------------------------------------------------------------
-# Listing a root with bad sessions, files that are not regular files
+# Listing a root with bad sessions, files that are not regular files, closed pipes
 # -------------------------------------------------------------------------------------------
 
 
@@ -748,3 +748,26 @@ def test_a_fifo_is_refused_naming_it_and_nothing_hangs(
         problem = f"cannot list {fifo_path.parent}: {problem}"
     assert (status, out, err) == (cli.EXIT_BAD_INPUT, "", f"kai-checkpoint: {problem}\n")
     assert tree(tmp_path) == before
+
+
+def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
+    chunk: JSONObject = {"chunk": {"type": "text-delta", "text": "x" * 40}}
+    chunks = [("assistant/chunk", chunk)] * 20_000
+    write_log(tmp_path, "long", log_bytes("long", events(*chunks)))  # far more than a pipe holds
+    for options in ((), ("--json",)):
+        child = subprocess.Popen(
+            [*COMMAND, "inspect", str(tmp_path), "long", *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        assert child.stderr is not None
+        try:
+            first = child.stdout.readline()
+            child.stdout.close()  # as 'head -1' does once it has its line
+            errors = child.stderr.read()
+            assert child.wait(60) == cli.EXIT_BROKEN_PIPE == 141
+        finally:
+            reap(child)
+        assert first.startswith(b'{"type":"assistant/chunk"' if options else b"session long ")
+        assert errors == b""

@@ -13,7 +13,8 @@ Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt l
 this release does not read), with one line on standard error that names the problem.
 ``list`` prints every intact session on standard output and one line per session it cannot
 read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
-anything.
+anything. When the reader of standard output goes away (``kai-checkpoint inspect ... | head``),
+the command stops quietly with status 141, as a program killed by ``SIGPIPE`` does.
 
 Event data, session ids and paths are untrusted text: human-readable output shows every
 control character in them escaped (:func:`printable`); ``--json`` output is ASCII-only JSON.
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_PIPE",
     "EXIT_OK",
     "Console",
     "UsageError",
@@ -55,6 +58,7 @@ __all__ = [
 PROG: Final = "kai-checkpoint"
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
+EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 
 
 class UsageError(Exception):
@@ -281,7 +285,8 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         lines = [event.encode() for event in log.events]
         if not added_on_disk:
             lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
-        stream.write("".join(f"{line}\n" for line in lines))
+        # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
+        stream.writelines(f"{line}\n" for line in lines)
         stream.flush()
         return
     console = Console.for_stream(stream)
@@ -477,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         status: int = anyio.run(args.run, args)
+    except BrokenPipeError:  # the reader of standard output is gone: stop, as SIGPIPE would
+        return EXIT_BROKEN_PIPE
     except (UsageError, PersistenceError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
