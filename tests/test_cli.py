@@ -325,6 +325,7 @@ def bad_root(tmp_path: Path) -> Path:
         (("recover", "{root}", "newer"), "session format version 2, newer than version 1"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
         (("inspect", "{root}"), "the following arguments are required: SESSION"),
+        (("list", "{root}", "\x1b[2J\rx"), r"unrecognized arguments: \x1b[2J\rx (see"),
         (
             ("agent", "--root", "{root}", "--session", "x", "--hang-at", "tool"),
             "--hang-at and --marker go together",
@@ -597,6 +598,13 @@ def test_list_prints_one_line_per_session_whatever_its_id(
     assert (status, err) == (0, "")
     lines = check_printable(out, separator="\t")
     assert lines == [f"{shown[session_id]}\t2023-11-14T22:13:20Z" for session_id in sorted(shown)]
+
+
+def test_agent_escapes_the_session_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "agent", "--root", tmp_path, "--session", "\x1b[2J\nx")
+    assert (status, err) == (0, "")
+    assert 'session \\x1b[2J\\nx, turn 1: {"kind":"completed"}\n' in out
+    check_printable(out)
 
 
 def test_error_messages_escape_what_they_quote(

@@ -353,7 +353,8 @@ async def _agent(args: argparse.Namespace) -> int:
         ledger=None if args.ledger is None else Path(args.ledger),
         batch_window=args.batch_window,
     )
-    print(f"session {printable(args.session)}, turn {outcome.turn}: {_compact(outcome.reason)}")
+    reason = printable(_compact(outcome.reason))
+    print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
         print(f"assistant: {printable(outcome.text)}")
     return EXIT_OK if outcome.error is None else 1
@@ -375,7 +376,8 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on standard error, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        problem = printable(message)  # it may quote the command line
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {problem} (see '{self.prog} --help')\n")
 
 
 def _positive_seconds(text: str) -> float:
