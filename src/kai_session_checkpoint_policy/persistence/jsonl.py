@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -704,7 +704,7 @@ class JsonlSessionPersistence:
         return directory
 
 
-def _refuse_link(directory: Path) -> None:
+def _refuse_link(directory: Path) -> NoReturn:
     raise InvalidSessionIdError(
         f"{directory} is a symbolic link; refusing to follow it out of the root"
     )
