@@ -63,6 +63,7 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     StoredLog,
 )
+from kai_session_checkpoint_policy.persistence.files import TEMPORARY_NAME
 
 from .crash_child import MemoryRecorder, Workload, run_workload
 from .invariants import Expected, check_recovery
@@ -475,6 +476,16 @@ class SimFiles(OsFiles):
                 self.trace.append(("unlink", temporary))
                 if temporary in self._names:
                     self._entry(temporary, None)
+                    self._changed()
+
+    def remove_temporaries(self, directory: Path) -> None:
+        with self._lock:
+            rel = self._rel(directory)
+            for path, node in list(self._names.items()):
+                name = PurePosixPath(path).name
+                if _parent(path) == rel and node != DIR and TEMPORARY_NAME.fullmatch(name):
+                    self.trace.append(("unlink", path))
+                    self._entry(path, None)
                     self._changed()
 
     def read(self, path: Path) -> bytes:

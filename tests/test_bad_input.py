@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import pytest
@@ -33,8 +37,11 @@ from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
     JsonlSessionPersistence,
+    NotARegularFileError,
+    OsFiles,
     PersistenceError,
     SessionLockedError,
+    SessionNotFoundError,
     UnsupportedFormatError,
     encode_session_id,
 )
@@ -60,7 +67,10 @@ if TYPE_CHECKING:
 
     from kai_session_checkpoint_policy import JSON, TurnOutcome
 
+T = TypeVar("T")
+
 LOG: Final = "session.jsonl"
+LOCK: Final = "session.lock"
 SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
 
 
@@ -364,3 +374,269 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
         reap(child)
     recovered = anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
     assert recovered.events[-1].type == "turn/end"
+
+
+# -- files that are not regular files --------------------------------------------------------
+
+
+FIFO_DEADLINE: Final = 30.0
+"""Seconds an operation on a FIFO may take before the test releases it and fails."""
+
+
+def without_hanging(call: Callable[[], T], *fifos: Path) -> T:
+    """Run *call* in a thread and return its result; a FIFO that blocks it fails the test.
+
+    If *call* is still running after :data:`FIFO_DEADLINE` seconds, the other end of each of
+    *fifos* is opened and closed again, which lets an open blocked on it (and a read after it)
+    return, and the test fails.
+    """
+    results: list[T] = []
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            results.append(call())
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(FIFO_DEADLINE)
+    if thread.is_alive():
+        for fifo in fifos:
+            os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+        thread.join(FIFO_DEADLINE)
+        pytest.fail(f"blocked on a FIFO for {FIFO_DEADLINE} seconds")
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def special_file(path: Path, kind: str) -> Path:
+    """Make *path* a FIFO, a directory, a socket or a symbolic link; return it."""
+    if kind == "a FIFO":
+        os.mkfifo(path, 0o600)
+    elif kind == "a directory":
+        path.mkdir()
+    elif kind == "a socket":
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(str(path))
+    else:
+        path.symlink_to(path.with_name("target"))
+        path.with_name("target").write_bytes(b"")
+    return path
+
+
+def refused(path: Path, kind: str) -> str:
+    if kind == "a symbolic link":
+        return f"{path} is a symbolic link; refusing to follow it"
+    return f"{path} is {kind}, not a regular file; refusing to open it"
+
+
+FILE_OPERATIONS: Final[dict[str, Callable[[OsFiles, Path], object]]] = {
+    "read": OsFiles.read,
+    "read_first_line": OsFiles.read_first_line,
+    "open_append": OsFiles.open_append,
+    "lock": OsFiles.lock,
+}
+
+
+@pytest.mark.parametrize("operation", FILE_OPERATIONS)
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a socket", "a symbolic link"])
+def test_only_regular_files_are_opened(tmp_path: Path, operation: str, kind: str) -> None:
+    path = special_file(tmp_path / "file", kind)
+    files = OsFiles()
+    fifos = [path] if kind == "a FIFO" else []
+    with pytest.raises(NotARegularFileError) as refusal:
+        without_hanging(lambda: FILE_OPERATIONS[operation](files, path), *fifos)
+    assert str(refusal.value) == refused(path, kind)
+    assert (refusal.value.path, refusal.value.kind) == (path, kind)
+
+
+@pytest.mark.parametrize("operation", FILE_OPERATIONS)
+def test_a_device_is_not_opened_as_a_file(operation: str) -> None:
+    with pytest.raises(NotARegularFileError) as refusal:
+        FILE_OPERATIONS[operation](OsFiles(), Path(os.devnull))
+    assert str(refusal.value) == refused(Path(os.devnull), "a character device")
+
+
+def test_regular_files_stay_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(b"line\n")
+    files = OsFiles()
+    for fd in (files.open_append(path), files.lock(tmp_path / "lock")):
+        try:
+            assert os.get_blocking(fd)
+        finally:
+            os.close(fd)
+    assert files.read(path) == files.read_first_line(path) == b"line\n"
+
+
+def fifo_session(root: Path, name: str) -> tuple[Path, list[SessionEvent]]:
+    """A stored session whose log, lock, or copy of a torn tail (``torn``) is a FIFO."""
+    path, written = stored(root)
+    if name == "torn":  # a torn tail, whose copy recovery would keep in the FIFO
+        fifo = path.with_name(f"{LOG}.torn-{path.stat().st_size}")
+        with path.open("ab") as log:
+            log.write(b'{"type":"tool/result","se')
+    else:
+        fifo = path.with_name(name)
+        fifo.unlink()
+    os.mkfifo(fifo, 0o600)
+    return fifo, written
+
+
+@pytest.mark.parametrize(
+    ("name", "reads"),
+    [(LOG, ("inspect", "load", "write")), ("torn", ("load",)), (LOCK, ("load", "write"))],
+)
+def test_a_fifo_in_a_session_is_refused_without_blocking(
+    tmp_path: Path, name: str, reads: tuple[str, ...]
+) -> None:
+    fifo, written = fifo_session(tmp_path, name)
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(tmp_path)
+    for read in reads:
+        if read == "write":
+            outcome = without_hanging(lambda: anyio.run(resume_turn, tmp_path, "s", written), fifo)
+            error = outcome.error
+        else:
+            with pytest.raises(NotARegularFileError) as refusal:
+                without_hanging(partial(anyio.run, getattr(backend, read), "s"), fifo)
+            error = refusal.value
+        assert isinstance(error, NotARegularFileError)
+        assert str(error) == refused(fifo, "a FIFO")
+    assert tree(tmp_path) == before
+
+
+# -- what recovery leaves behind -------------------------------------------------------------
+
+
+def unlocked_session(root: Path, damage: str) -> tuple[Path, type[Exception]]:
+    """A session never written here (no lock file), *damage*-d; its log and the refusal."""
+    path, _ = stored(root)
+    path.with_name(LOCK).unlink()
+    data = path.read_bytes()
+    if damage == "no log":
+        path.unlink()
+        return path, SessionNotFoundError
+    if damage == "corrupt":
+        lines = data.split(b"\n")
+        lines[5] = DAMAGE["garbage"](lines[5])  # an event of the first turn
+        path.write_bytes(b"\n".join(lines))
+        return path, CorruptLogError
+    if damage == "newer":
+        path.write_bytes(data.replace(b'"version":1', b'"version":2', 1))
+        return path, UnsupportedFormatError
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    return path, NotARegularFileError
+
+
+@pytest.mark.parametrize("damage", ["no log", "corrupt", "newer", "fifo"])
+def test_a_refused_recovery_leaves_no_lock_file(tmp_path: Path, damage: str) -> None:
+    path, error = unlocked_session(tmp_path, damage)
+    before = tree(tmp_path)
+    with pytest.raises(error):
+        without_hanging(partial(anyio.run, JsonlSessionPersistence(tmp_path).load, "s"), path)
+    assert tree(tmp_path) == before
+    assert not path.with_name(LOCK).exists()
+
+
+def test_a_recovery_with_nothing_to_do_leaves_no_lock_file(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    path.with_name(LOCK).unlink()
+    before = tree(tmp_path)
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (list(recovered.events), recovered.repair) == (written, ())
+    assert tree(tmp_path) == before
+
+
+class FinishingFiles(OsFiles):
+    """Real files on which another writer appends *rest* to *log* just before a lock is taken."""
+
+    def __init__(self, log: Path, rest: bytes) -> None:
+        super().__init__()
+        self.log, self.rest = log, rest
+
+    def lock(self, path: Path) -> int:
+        with self.log.open("ab") as log:
+            log.write(self.rest)
+        return super().lock(path)
+
+
+def test_a_recovery_that_repairs_reads_the_log_again_under_the_lock(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    path.with_name(LOCK).unlink()
+    data = path.read_bytes()
+    cut = data.index(b"\n", data.index(b'"step/start"')) + 1  # an open step: needs a repair
+    path.write_bytes(data[:cut])
+    files = FinishingFiles(path, data[cut:])  # the rest arrives before recovery locks the log
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path, files=files).load, "s")
+    assert (list(recovered.events), recovered.repair) == (written, ())
+    assert path.read_bytes() == data
+    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+
+
+STALE: Final = (f"{LOG}.0123456789ab.tmp", f"{LOG}.torn-100.abcdef012345.tmp")
+"""Temporary files an interrupted publish of a log, or of a torn tail's copy, leaves."""
+NOT_STALE: Final = (f"{LOG}.torn-100", "notes.tmp", f"{LOG}.0123456789AB.tmp", f"{LOG}.tmp")
+
+
+def test_recovery_removes_the_temporaries_an_interrupted_publish_left(tmp_path: Path) -> None:
+    path, written = stored(tmp_path)
+    for name in (*STALE, *NOT_STALE):
+        path.with_name(name).write_bytes(b"left over")
+    before = tree(tmp_path)
+    recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert list(recovered.events) == written
+    assert tree(tmp_path) == {
+        name: entry for name, entry in before.items() if name.removeprefix("s/") not in STALE
+    }
+
+
+def test_a_writer_removes_the_temporary_of_an_interrupted_creation(tmp_path: Path) -> None:
+    directory = tmp_path / "s"
+    directory.mkdir(mode=0o700)
+    (directory / LOCK).write_bytes(b"")  # a writer took the lock, and died while publishing
+    (directory / STALE[0]).write_bytes(b'{"format":"kai-session"')
+    stored(tmp_path)
+    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+
+
+# -- listing ---------------------------------------------------------------------------------
+
+
+def test_one_bad_session_never_hides_the_others(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    stored(root, "good")
+    stored(tmp_path / "elsewhere")
+    bad = {
+        "fifo": NotARegularFileError,
+        "link": InvalidSessionIdError,
+        "newer": UnsupportedFormatError,
+        "torn-header": CorruptLogError,
+    }
+    for name in ("fifo", "newer", "torn-header"):
+        (root / name).mkdir()
+    os.mkfifo(root / "fifo" / LOG)
+    (root / "newer" / LOG).write_bytes(b'{"format":"kai-session","version":2}\n')
+    (root / "torn-header" / LOG).write_bytes(b'{"format":"kai-session"')
+    (root / "link").symlink_to(tmp_path / "elsewhere" / "s", target_is_directory=True)
+    (root / "no-log-yet").mkdir()
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(root)
+    listing = without_hanging(partial(anyio.run, backend.scan_sessions), root / "fifo" / LOG)
+    assert [header.id for header in listing.headers] == ["good"]
+    assert [(problem.directory, type(problem.error)) for problem in listing.problems] == [
+        (root / name, error) for name, error in bad.items()
+    ]
+    assert [str(problem.error) for problem in listing.problems] == [
+        f"{root}/fifo/{LOG} is a FIFO, not a regular file; refusing to open it",
+        f"{root}/link is a symbolic link; refusing to follow it out of the root",
+        f"{root}/newer/{LOG} was written in session format version 2, newer than version 1 "
+        "which this release reads; upgrade kai-session-checkpoint-policy",
+        f"corrupt session log {root}/torn-header/{LOG}, line 1: the header line is incomplete",
+    ]
+    assert anyio.run(backend.list_sessions) == list(listing.headers)
+    assert tree(tmp_path) == before

@@ -9,21 +9,29 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+import unicodedata
+from typing import TYPE_CHECKING, Any, Final
 
+import anyio
 import pytest
 
-from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, cli
+from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
+from kai_session_checkpoint_policy.events import tool_result_data
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
-from .markers import kill_at_marker, start_agent
-from .persistence_helpers import tree
+from .markers import kill_at_marker, reap, start_agent
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from kai_session_checkpoint_policy import JSONObject, SessionEvent
 
 pytestmark = pytest.mark.skipif(
     sys.platform == "win32", reason="the crash tests need POSIX signals"
@@ -317,6 +325,7 @@ def bad_root(tmp_path: Path) -> Path:
         (("recover", "{root}", "newer"), "session format version 2, newer than version 1"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
         (("inspect", "{root}"), "the following arguments are required: SESSION"),
+        (("list", "{root}", "\x1b[2J\rx"), r"unrecognized arguments: \x1b[2J\rx (see"),
         (
             ("agent", "--root", "{root}", "--session", "x", "--hang-at", "tool"),
             "--hang-at and --marker go together",
@@ -422,3 +431,351 @@ def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
     )
     names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
     assert [name.rsplit("-", 1)[0] for name in names][:2] == ["pay-invoice", "crash"]
+
+
+# -------------------------------------------------------------------------------------------
+# Untrusted text in human-readable output
+# -------------------------------------------------------------------------------------------
+
+BIDI: Final = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def raw_controls(text: str) -> list[str]:
+    """The characters of *text* a terminal would act on, or that UTF-8 cannot encode."""
+    return [
+        char
+        for char in text
+        if unicodedata.category(char) in {"Cc", "Cs", "Zl", "Zp"} or char in BIDI
+    ]
+
+
+FORGED: Final = "\n   9  tool/result        [call-1] error TOOL_OUTCOME_UNKNOWN: forged"
+HOSTILE: Final = (
+    "\x1b[2J\x1b[H"  # clear the screen, cursor home
+    "\x1b]0;owned\x07"  # set the window title
+    "\r\x1b[1A\x1b[2K"  # back to the start of the line, up one line, erase it
+    f"{FORGED}"
+    "\x9b2J\x85\u2028\u2029"  # C1 CSI, next line, line and paragraph separators
+    "\u202etxt.exe\u2066\u2069"  # a bidi override, isolates
+    "\x7f\x00\udcff\ud800"  # DEL, NUL, lone surrogates (low first: not a pair)
+)
+HOSTILE_ID: Final = "evil\x1b[2J\r\n\u202e\x85\ud800"
+PIECES: Final = (
+    "\x1b[2J",
+    "\x1b]0;owned\x07",
+    "\r\x1b[1A",
+    FORGED,
+    "\x9b2J\x85",
+    "\u2028\u2029",
+    "\u202e\u2066",
+    "\x7f\x00\udcff\ud800",
+)
+
+
+def hostile_log(root: Path, session_id: str = HOSTILE_ID) -> list[SessionEvent]:
+    """A session whose id, event types and data carry terminal controls; its turn is open."""
+    records: list[tuple[str, JSONObject]] = [
+        ("turn/start", {"turn": 1}),
+        ("step/start", {"turn": 1, "step": 1}),
+        ("user/message", {"role": "user", "content": [{"type": "text", "text": HOSTILE}]}),
+    ]
+    for index, piece in enumerate(PIECES):
+        call_id = f"call-{index}{piece}"
+        records += [
+            ("assistant/chunk", {"chunk": {"type": "text-delta", "text": piece}}),
+            (
+                "assistant/chunk",
+                {"chunk": {"type": "tool-call", "name": piece, "arguments": piece}},
+            ),
+            (
+                "assistant/message",
+                {"message": {"content": [{"type": "tool-call", "id": call_id, "name": piece}]}},
+            ),
+            (
+                "tool/call",
+                {"turn": 1, "step": 1, "callId": call_id, "name": piece, "arguments": ""},
+            ),
+            (
+                "tool/result",
+                tool_result_data(1, 1, call_id, ToolResult((TextBlock(piece),), is_error=True)),
+            ),
+            (f"note{piece}", {"note": piece}),
+        ]
+    asked: JSONObject = {
+        "message": {"content": [{"type": "tool-call", "id": HOSTILE, "name": "w"}]}
+    }
+    records.append(("assistant/message", asked))
+    records.append(("tool/call", {"turn": 1, "step": 1, "callId": HOSTILE, "name": "w"}))
+    logged = events(*records)
+    write_log(root, session_id, log_bytes(session_id, logged))
+    return logged
+
+
+def check_printable(out: str, separator: str = "") -> list[str]:
+    """Check that *out* holds no raw control character but *separator*; return its lines."""
+    assert (
+        raw_controls(
+            out.replace("\n", "").replace(separator, "") if separator else out.replace("\n", "")
+        )
+        == []
+    )
+    assert out.endswith("\n")
+    lines = out.split("\n")[:-1]
+    assert out.splitlines() == lines
+    return lines
+
+
+def test_inspect_escapes_every_control_character(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged = hostile_log(tmp_path)
+    status, out, err = run_cli(capsys, "inspect", tmp_path, HOSTILE_ID)
+    assert (status, err) == (0, "")
+    lines = check_printable(out)
+    escaped_id = r"evil\x1b[2J\r\n\u202e\x85\ud800"
+    assert lines[0].startswith(f"session {escaped_id}  created 2023-11-14T22:13:20Z")
+    seqs = [int(match[1]) for line in lines if (match := re.match(r"[ +] *(\d+)  ", line))]
+    repair = len(anyio.run(JsonlSessionPersistence(tmp_path).inspect, HOSTILE_ID).repair)
+    assert seqs == list(range(len(logged) + repair))  # one line per event: none forged
+    assert len(lines) == 1 + len(seqs) + 1  # and the note that marks the repair
+    for shown in (r"\x1b[2J", r"\x1b]0;owned\x07", r"\r\x1b[1A", r"\n   9  tool/result"):
+        assert shown in out
+    for shown in (r"\x9b2J\x85", r"\u202e\u2066", r"\x7f\x00\udcff\ud800", r"\u2028\u2029"):
+        assert shown in out
+    assert r"note\x1b]0;owned\x07" in out  # an event type
+    repaired = [line.split()[2] for line in lines if line.startswith("+")]
+    assert repaired == ["tool/result", "step/end", "turn/end"]  # the forged one is no line
+
+
+def test_recover_escapes_every_control_character(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged = hostile_log(tmp_path)
+    status, out, err = run_cli(capsys, "recover", tmp_path, HOSTILE_ID)
+    assert (status, err) == (0, "")
+    lines = check_printable(out)
+    added = [line for line in lines if line.startswith("+")]
+    assert [line.split()[:2] for line in added] == [
+        ["+", str(len(logged))],
+        ["+", str(len(logged) + 1)],
+        ["+", str(len(logged) + 2)],
+    ]
+    assert r"[\x1b[2J\x1b[H\x1b]0;owned\x07\r\x1b[1A" in added[0]  # the call id it answers
+
+
+def test_colour_stays_and_nothing_else_reaches_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    hostile_log(tmp_path)
+    log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, HOSTILE_ID)
+    terminal = _Terminal()
+    cli._print_log(log, added_on_disk=False, stream=terminal, as_json=False)
+    out = terminal.getvalue()
+    codes = re.findall(r"\x1b\[(\d+)m", out)
+    assert set(codes) == {"0", "1", "2", "33"}  # bold, dim, the repair's colour, reset
+    assert out.count("\x1b") == len(codes)
+    check_printable(re.sub(r"\x1b\[\d+m", "", out))
+
+
+def test_list_prints_one_line_per_session_whatever_its_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown = {
+        "two\nlines": r"two\nlines",
+        "tab\there": r"tab\there",
+        "\rcarriage": r"\rcarriage",
+        "\x1b[2Jclear": r"\x1b[2Jclear",
+        "\x9b\x85c1": r"\x9b\x85c1",
+        "\u202erevo\u2066": r"\u202erevo\u2066",
+        "\u2028sep": r"\u2028sep",
+        "\ud800lone": r"\ud800lone",
+    }
+    for session_id in shown:
+        write_log(tmp_path, session_id, log_bytes(session_id, events(*COMPLETE_TURN)))
+    status, out, err = run_cli(capsys, "list", tmp_path)
+    assert (status, err) == (0, "")
+    lines = check_printable(out, separator="\t")
+    assert lines == [f"{shown[session_id]}\t2023-11-14T22:13:20Z" for session_id in sorted(shown)]
+
+
+def test_agent_escapes_the_session_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capsys, "agent", "--root", tmp_path, "--session", "\x1b[2J\nx")
+    assert (status, err) == (0, "")
+    assert 'session \\x1b[2J\\nx, turn 1: {"kind":"completed"}\n' in out
+    check_printable(out)
+
+
+def test_error_messages_escape_what_they_quote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root\x1b[2J\n"
+    root.mkdir()
+    status, out, err = run_cli(capsys, "inspect", root, "\x1b]0;x\x07")
+    assert (status, out) == (cli.EXIT_BAD_INPUT, "")
+    assert err == f"kai-checkpoint: no session '\\x1b]0;x\\x07' under {tmp_path}/root\\x1b[2J\\n\n"
+
+
+def test_json_output_is_ascii_and_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logged = hostile_log(tmp_path)
+    status, out, err = run_cli(capsys, "inspect", tmp_path, HOSTILE_ID, "--json")
+    assert (status, err) == (0, "")
+    assert out.isascii()
+    assert raw_controls(out.replace("\n", "")) == []
+    records = json_lines(out)
+    assert [(r["type"], r["seq"], r["time"], r["data"]) for r in records[: len(logged)]] == [
+        (event.type, event.seq, event.time, event.data) for event in logged
+    ]
+
+
+STRICT_UTF8: Final = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+
+
+def test_surrogates_and_invalid_utf8_never_fail_a_strict_utf8_output(tmp_path: Path) -> None:
+    hostile_log(tmp_path)
+    hostile_log(tmp_path, "plain")  # an id the command line can carry
+    raw_name = os.fsencode(tmp_path) + b"/\xff\xfe"  # a directory name that is not UTF-8
+    os.mkdir(raw_name)
+    with open(raw_name + b"/session.jsonl", "wb") as log:
+        log.write(log_bytes("\udcff", events(*COMPLETE_TURN)))
+    os.mkdir(os.fsencode(tmp_path) + b"/\xfd")
+    with open(os.fsencode(tmp_path) + b"/\xfd/session.jsonl", "wb") as log:
+        log.write(b"not a header\n")
+    runs = {
+        args: subprocess.run(
+            [*COMMAND, *args],
+            capture_output=True,
+            env=STRICT_UTF8,
+            timeout=60,
+            check=False,
+        )
+        for args in (("list", str(tmp_path)), ("inspect", str(tmp_path), "plain"))
+    }
+    listed = runs["list", str(tmp_path)]
+    assert listed.returncode == cli.EXIT_BAD_INPUT
+    assert listed.stdout.decode("utf-8").splitlines() == [
+        f"{name}\t2023-11-14T22:13:20Z"
+        for name in (r"evil\x1b[2J\r\n\u202e\x85\ud800", "plain", r"\udcff")
+    ]
+    assert listed.stderr.decode("utf-8") == (
+        f"kai-checkpoint: cannot list {tmp_path}/\\udcfd: corrupt session log "
+        f"{tmp_path}/\\udcfd/session.jsonl, line 1: the first line is not a kai-session header\n"
+    )
+    inspected = runs["inspect", str(tmp_path), "plain"]
+    assert (inspected.returncode, inspected.stderr) == (0, b"")
+    text = inspected.stdout.decode("utf-8")
+    assert r"\udcff\ud800" in text
+    check_printable(text)
+
+
+# -------------------------------------------------------------------------------------------
+# Listing a root with bad sessions, files that are not regular files, closed pipes
+# -------------------------------------------------------------------------------------------
+
+
+def run_child(*args: str | Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``kai-checkpoint`` as a child process (killed after a minute, so nothing hangs)."""
+    completed = subprocess.run(
+        [*COMMAND, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    return completed.returncode, completed.stdout, completed.stderr
+
+
+@pytest.fixture
+def mixed_root(tmp_path: Path) -> Path:
+    """Two intact sessions, four bad ones, and entries of the root that are no sessions."""
+    root = tmp_path / "sessions"
+    for session_id in ("b", "a"):
+        write_log(root, session_id, log_bytes(session_id, events(*COMPLETE_TURN)))
+    write_log(root, "torn-header", b'{"format":"kai-ses')
+    newer = log_bytes("newer", events(*COMPLETE_TURN)).replace(b'"version":1', b'"version":2')
+    write_log(root, "newer", newer)
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "session.jsonl")
+    write_log(tmp_path, "elsewhere", log_bytes("link", events(*COMPLETE_TURN)))
+    (root / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "never-published").mkdir()  # a writer died before the log existed
+    (root / "README").write_text("not a session\n")
+    return root
+
+
+def test_list_shows_the_intact_sessions_and_names_each_bad_one(mixed_root: Path) -> None:
+    root = mixed_root
+    status, out, err = run_child("list", root)
+    assert status == cli.EXIT_BAD_INPUT
+    assert out.splitlines() == ["a\t2023-11-14T22:13:20Z", "b\t2023-11-14T22:13:20Z"]
+    assert err.splitlines() == [
+        f"kai-checkpoint: cannot list {root}/fifo: {root}/fifo/session.jsonl is a FIFO, "
+        "not a regular file; refusing to open it",
+        f"kai-checkpoint: cannot list {root}/link: {root}/link is a symbolic link; refusing to "
+        "follow it out of the root",
+        f"kai-checkpoint: cannot list {root}/newer: {root}/newer/session.jsonl was written in "
+        "session format version 2, newer than version 1 which this release reads; upgrade "
+        "kai-session-checkpoint-policy",
+        f"kai-checkpoint: cannot list {root}/torn-header: corrupt session log "
+        f"{root}/torn-header/session.jsonl, line 1: the header line is incomplete",
+    ]
+
+
+def torn_log(root: Path) -> tuple[Path, int]:
+    """A session ``s`` its writer left with a torn tail; its log and the committed size."""
+    data = log_bytes("s", events(*COMPLETE_TURN))
+    path = write_log(root, "s", data + b'{"type":"turn/start","se')
+    path.with_name("session.lock").write_bytes(b"")
+    return path, len(data)
+
+
+@pytest.mark.parametrize(
+    ("command", "fifo"),
+    [
+        (("inspect", "{root}", "s"), "session.jsonl"),
+        (("recover", "{root}", "s"), "session.jsonl"),
+        (("agent", "--root", "{root}", "--session", "s"), "session.jsonl"),
+        (("list", "{root}"), "session.jsonl"),
+        (("recover", "{root}", "s"), "session.jsonl.torn-{committed}"),
+        (("recover", "{root}", "s"), "session.lock"),
+    ],
+)
+def test_a_fifo_is_refused_naming_it_and_nothing_hangs(
+    tmp_path: Path, command: tuple[str, ...], fifo: str
+) -> None:
+    path, committed = torn_log(tmp_path)
+    fifo_path = path.with_name(fifo.format(committed=committed))
+    fifo_path.unlink(missing_ok=True)
+    os.mkfifo(fifo_path)
+    before = tree(tmp_path)
+    status, out, err = run_child(*(arg.format(root=tmp_path) for arg in command))
+    problem = f"{fifo_path} is a FIFO, not a regular file; refusing to open it"
+    if command[0] == "list":
+        problem = f"cannot list {fifo_path.parent}: {problem}"
+    assert (status, out, err) == (cli.EXIT_BAD_INPUT, "", f"kai-checkpoint: {problem}\n")
+    assert tree(tmp_path) == before
+
+
+def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
+    chunk: JSONObject = {"chunk": {"type": "text-delta", "text": "x" * 40}}
+    chunks = [("assistant/chunk", chunk)] * 20_000
+    write_log(tmp_path, "long", log_bytes("long", events(*chunks)))  # far more than a pipe holds
+    for options in ((), ("--json",)):
+        child = subprocess.Popen(
+            [*COMMAND, "inspect", str(tmp_path), "long", *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        assert child.stderr is not None
+        try:
+            first = child.stdout.readline()
+            child.stdout.close()  # as 'head -1' does once it has its line
+            errors = child.stderr.read()
+            assert child.wait(60) == cli.EXIT_BROKEN_PIPE == 141
+        finally:
+            reap(child)
+        assert first.startswith(b'{"type":"assistant/chunk"' if options else b"session long ")
+        assert errors == b""

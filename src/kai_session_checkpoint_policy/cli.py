@@ -11,7 +11,13 @@ Subcommands::
 
 Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
 this release does not read), with one line on standard error that names the problem.
-``list`` and ``inspect`` never write anything.
+``list`` prints every intact session on standard output and one line per session it cannot
+read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
+anything. When the reader of standard output goes away (``kai-checkpoint inspect ... | head``),
+the command stops quietly with status 141, as a program killed by ``SIGPIPE`` does.
+
+Event data, session ids and paths are untrusted text: human-readable output shows every
+control character in them escaped (:func:`printable`); ``--json`` output is ASCII-only JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -37,17 +45,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_BAD_INPUT",
+    "EXIT_BROKEN_PIPE",
     "EXIT_OK",
     "Console",
     "UsageError",
     "describe",
     "event_line",
     "main",
+    "printable",
 ]
 
 PROG: Final = "kai-checkpoint"
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
+EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 
 
 class UsageError(Exception):
@@ -102,8 +113,27 @@ class Console:
         self.stream.flush()
 
 
+_UNPRINTABLE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+"""C0 and C1 controls, DEL, line and paragraph separators, bidi embeddings, overrides and
+isolates, and lone surrogates."""
+
+
+def printable(text: str) -> str:
+    """*text* with every control character escaped visibly, as Python writes it (``\\x1b``).
+
+    Escapes what could move the cursor, erase or forge a line, set the terminal's title, or
+    reorder what follows (C0 and C1 controls, DEL, U+2028, U+2029, U+202A-U+202E and
+    U+2066-U+2069), and lone surrogates, which no UTF-8 output can encode. Every piece of
+    untrusted text (event data and types, session ids, paths) goes through it before it is
+    printed.
+    """
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode(), text)
+
+
 def _shorten(text: str, limit: int = 72) -> str:
-    text = " ".join(text.split())
+    text = " ".join(printable(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -130,7 +160,11 @@ def _message(data: dict[str, JSON]) -> dict[str, JSON]:
 
 
 def describe(event: SessionEvent) -> str:
-    """A one-line human summary of *event*'s data."""
+    """A one-line human summary of *event*'s data, :func:`printable`."""
+    return _shorten(_summary(event))
+
+
+def _summary(event: SessionEvent) -> str:
     data = event.data
     kind = event.type
     if kind == "turn/start":
@@ -146,7 +180,7 @@ def describe(event: SessionEvent) -> str:
             text += f" ({error.get('message')})"
         return text
     if kind == "user/message":
-        return _shorten(repr(" ".join(_texts(data.get("content")))))
+        return repr(" ".join(_texts(data.get("content"))))
     if kind == "request/header":
         header = data.get("header")
         config = header.get("config") if isinstance(header, dict) else None
@@ -160,12 +194,12 @@ def describe(event: SessionEvent) -> str:
         chunk = data.get("chunk")
         if isinstance(chunk, dict):
             if chunk.get("type") == "tool-call":
-                return _shorten(f"tool-call {chunk.get('name')}({chunk.get('arguments')})")
+                return f"tool-call {chunk.get('name')}({chunk.get('arguments')})"
             if chunk.get("type") == "text-delta":
-                return _shorten(f"text {chunk.get('text')!r}")
+                return f"text {chunk.get('text')!r}"
             if chunk.get("type") == "finish":
                 return f"finish ({chunk.get('reason')})"
-        return _shorten(_compact(chunk))
+        return _compact(chunk)
     if kind == "assistant/message":
         content = _message(data).get("content")
         parts: list[str] = []
@@ -174,9 +208,9 @@ def describe(event: SessionEvent) -> str:
                 parts.append(f"asks for {block.get('name')} [{block.get('id')}]")
             elif isinstance(block, dict) and block.get("type") == "text":
                 parts.append(repr(block.get("text")))
-        return _shorten("; ".join(parts) or "(empty)")
+        return "; ".join(parts) or "(empty)"
     if kind == "tool/call":
-        return _shorten(f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]")
+        return f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]"
     if kind == "tool/result":
         message = _message(data)
         source = message.get("source")
@@ -190,8 +224,8 @@ def describe(event: SessionEvent) -> str:
             blocks = content if isinstance(content, list) else []
             if any(isinstance(block, dict) and block.get("isError") for block in blocks):
                 status = "error"
-        return _shorten(f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}")
-    return _shorten(_compact(data))
+        return f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}"
+    return _compact(data)
 
 
 def event_line(
@@ -204,7 +238,7 @@ def event_line(
     paint = paint or str
     return (
         paint(f"{mark}{event.seq:>4}  ")
-        + console.bold(paint(f"{event.type:<17}"))
+        + console.bold(paint(f"{printable(event.type):<17}"))
         + paint(f" {describe(event)}")
     )
 
@@ -228,16 +262,20 @@ def _existing_root(root: str) -> Path:
 
 
 async def _list(args: argparse.Namespace) -> int:
+    """The intact sessions on standard output; one line per unreadable one on standard error."""
     from .persistence import JsonlSessionPersistence
 
     backend = JsonlSessionPersistence(_existing_root(args.root))
-    headers = await backend.list_sessions()
+    listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout)
-    if not headers:
-        console.line(console.dim(f"no sessions under {args.root}"))
-    for header in headers:  # oldest first
-        console.line(f"{header.id}\t{_format_time(header.created_at)}")
-    return EXIT_OK
+    if not listing.headers and not listing.problems:
+        console.line(console.dim(f"no sessions under {printable(args.root)}"))
+    for header in listing.headers:  # oldest first
+        console.line(f"{printable(header.id)}\t{_format_time(header.created_at)}")
+    for problem in listing.problems:
+        directory = printable(str(problem.directory))
+        print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
+    return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
 
 def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: bool) -> None:
@@ -247,16 +285,17 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         lines = [event.encode() for event in log.events]
         if not added_on_disk:
             lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
-        stream.write("".join(f"{line}\n" for line in lines))
+        # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
+        stream.writelines(f"{line}\n" for line in lines)
         stream.flush()
         return
     console = Console.for_stream(stream)
     header = log.header
     console.line(
-        console.bold(f"session {header.id}")
+        console.bold(f"session {printable(header.id)}")
         + console.dim(
             f"  created {_format_time(header.created_at)}, format version {header.version}, "
-            f"{log.path}"
+            f"{printable(str(log.path))}"
         )
     )
     for event in stored:
@@ -314,9 +353,10 @@ async def _agent(args: argparse.Namespace) -> int:
         ledger=None if args.ledger is None else Path(args.ledger),
         batch_window=args.batch_window,
     )
-    print(f"session {args.session}, turn {outcome.turn}: {_compact(outcome.reason)}")
+    reason = printable(_compact(outcome.reason))
+    print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
-        print(f"assistant: {outcome.text}")
+        print(f"assistant: {printable(outcome.text)}")
     return EXIT_OK if outcome.error is None else 1
 
 
@@ -336,7 +376,8 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on standard error, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        problem = printable(message)  # it may quote the command line
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {problem} (see '{self.prog} --help')\n")
 
 
 def _positive_seconds(text: str) -> float:
@@ -431,7 +472,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _problem(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
+    text = " ".join(printable(str(exc)).split())
     return text or type(exc).__name__
 
 
@@ -443,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         status: int = anyio.run(args.run, args)
+    except BrokenPipeError:  # the reader of standard output is gone: stop, as SIGPIPE would
+        return EXIT_BROKEN_PIPE
     except (UsageError, PersistenceError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -8,6 +8,7 @@ from .errors import (
     CorruptLogError,
     InvalidSessionIdError,
     LiveSessionError,
+    NotARegularFileError,
     PersistenceError,
     RollbackError,
     SeqMismatchError,
@@ -17,7 +18,14 @@ from .errors import (
 )
 from .files import LockedError, OsFiles
 from .format import FORMAT, FORMAT_VERSION, SessionHeader, decode_session_id, encode_session_id
-from .jsonl import DEFAULT_BATCH_WINDOW, JsonlSessionPersistence, PersistenceStatistics, StoredLog
+from .jsonl import (
+    DEFAULT_BATCH_WINDOW,
+    JsonlSessionPersistence,
+    PersistenceStatistics,
+    SessionListing,
+    SessionProblem,
+    StoredLog,
+)
 from .repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, interrupted_turn_closers
 from .service import SessionPersistence
 
@@ -32,15 +40,18 @@ __all__ = [
     "JsonlSessionPersistence",
     "LiveSessionError",
     "LockedError",
+    "NotARegularFileError",
     "OsFiles",
     "PersistenceError",
     "PersistenceStatistics",
     "RollbackError",
     "SeqMismatchError",
     "SessionHeader",
+    "SessionListing",
     "SessionLockedError",
     "SessionNotFoundError",
     "SessionPersistence",
+    "SessionProblem",
     "StoredLog",
     "UnsupportedFormatError",
     "decode_session_id",

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptLogError",
     "InvalidSessionIdError",
     "LiveSessionError",
+    "NotARegularFileError",
     "PersistenceError",
     "RollbackError",
     "SeqMismatchError",
@@ -44,6 +45,23 @@ class CorruptLogError(PersistenceError):
 
 class UnsupportedFormatError(PersistenceError):
     """A log is intact but written in a format version this release does not read."""
+
+
+class NotARegularFileError(PersistenceError):
+    """A path the backend reads or writes is not a regular file; it was not read or written.
+
+    A FIFO, a device, a directory, a socket or a symbolic link where a log, a kept torn tail
+    or a lock file belongs is refused without blocking, naming the path and what it is.
+    """
+
+    def __init__(self, path: Path, kind: str) -> None:
+        if kind == "a symbolic link":
+            message = f"{path} is a symbolic link; refusing to follow it"
+        else:
+            message = f"{path} is {kind}, not a regular file; refusing to open it"
+        super().__init__(message)
+        self.path = path
+        self.kind = kind
 
 
 class SeqMismatchError(PersistenceError):

@@ -4,6 +4,11 @@ Each method is one small step (one write, one fsync, one truncate), so a test ca
 class to fail the Nth write or fsync, or to keep unsynced bytes in memory and lose them at a
 simulated crash. Methods block; the backend calls them from worker threads, and from the event
 loop's thread for a write it makes there.
+
+Only regular files are read or written: every file is opened by :func:`_open_file`, which
+never follows a symbolic link and never blocks (a FIFO would block an open until its other end
+is opened), and refuses anything that is not a regular file with
+:class:`~.errors.NotARegularFileError`.
 """
 
 from __future__ import annotations
@@ -12,18 +17,67 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
+import stat
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from .errors import NotARegularFileError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["LockedError", "OsFiles"]
+__all__ = ["TEMPORARY_NAME", "LockedError", "OsFiles"]
 
 _DIR_MODE = 0o700
 _FILE_MODE = 0o600
+
+TEMPORARY_NAME: Final = re.compile(r".+\.[0-9a-f]{12}\.tmp")
+"""The names of the temporary files :meth:`OsFiles.publish` writes: ``<name>.<12 hex>.tmp``."""
+
+_KINDS: Final = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symbolic link",
+}
+
+
+def _refuse_unless_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+        raise NotARegularFileError(path, kind)
+
+
+def _open_file(path: Path, flags: int, mode: int = _FILE_MODE) -> int:
+    """Open the regular file *path* with *flags*; refuse anything else, without blocking.
+
+    The open never follows a symbolic link and does not wait for the other end of a FIFO
+    (``O_NONBLOCK``, cleared again once the file is known to be regular).
+
+    :raises NotARegularFileError: if *path* is a FIFO, a device, a directory, a socket or a
+        symbolic link.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as error:  # ELOOP for a link, ENXIO for a FIFO without a reader, EISDIR...
+        try:
+            found = os.lstat(path).st_mode
+        except OSError:
+            raise error from None
+        _refuse_unless_regular(path, found)
+        raise
+    try:
+        _refuse_unless_regular(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LockedError(OSError):
@@ -86,7 +140,7 @@ class OsFiles:
         :raises FileExistsError: if *path* already exists.
         """
         temporary = path.with_name(f"{path.name}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _FILE_MODE)
+        fd = _open_file(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
                 self.write(fd, data)
@@ -102,9 +156,21 @@ class OsFiles:
         finally:
             temporary.unlink(missing_ok=True)
 
+    def remove_temporaries(self, directory: Path) -> None:
+        """Remove the temporary files that interrupted :meth:`publish` calls left in *directory*.
+
+        Call it only while holding the lock of *directory*, the only one that publishes there.
+        Best effort: a temporary that cannot be removed stays, and is never read.
+        """
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                if TEMPORARY_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
     def read(self, path: Path) -> bytes:
-        """Read the whole file; a symlink is refused."""
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        """Read the whole regular file *path*."""
+        fd = _open_file(path, os.O_RDONLY)
         try:
             chunks = []
             while chunk := os.read(fd, 1 << 20):
@@ -114,8 +180,8 @@ class OsFiles:
             os.close(fd)
 
     def read_first_line(self, path: Path, limit: int = 1 << 16) -> bytes:
-        """Read up to the first newline (included), at most *limit* bytes; a symlink is refused."""
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        """Read up to the first newline (included), at most *limit* bytes, of a regular file."""
+        fd = _open_file(path, os.O_RDONLY)
         try:
             data = b""
             while b"\n" not in data and len(data) < limit and (chunk := os.read(fd, 8192)):
@@ -128,8 +194,8 @@ class OsFiles:
     # -- appending ----------------------------------------------------------------------------
 
     def open_append(self, path: Path) -> int:
-        """Open an existing log for appending; a symlink is refused."""
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        """Open an existing regular file for appending."""
+        return _open_file(path, os.O_WRONLY | os.O_APPEND)
 
     def write(self, fd: int, data: bytes) -> None:
         """Write all of *data*."""
@@ -161,7 +227,7 @@ class OsFiles:
 
         :raises LockedError: if another open file description holds it.
         """
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _FILE_MODE)
+        fd = _open_file(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

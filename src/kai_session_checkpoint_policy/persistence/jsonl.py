@@ -35,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -81,6 +81,8 @@ __all__ = [
     "DEFAULT_INLINE_WRITE_LIMIT",
     "JsonlSessionPersistence",
     "PersistenceStatistics",
+    "SessionListing",
+    "SessionProblem",
     "StoredLog",
 ]
 
@@ -123,6 +125,26 @@ class StoredLog:
             f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
             f"path={self.path!r})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProblem:
+    """A session under the root that cannot be listed: its directory, and why."""
+
+    directory: Path
+    error: PersistenceError | OSError
+
+
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    """What :meth:`~JsonlSessionPersistence.scan_sessions` found under a root.
+
+    ``headers`` are those of the intact sessions, oldest first; ``problems`` the sessions whose
+    log cannot be read (corrupt, unsupported, not a regular file, unreadable), by directory.
+    """
+
+    headers: tuple[SessionHeader, ...]
+    problems: tuple[SessionProblem, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -652,13 +674,20 @@ class JsonlSessionPersistence:
         return log
 
     def _lock(self, session_id: str, directory: Path) -> int:
+        """Take the session's lock; then remove the temporaries an earlier holder left.
+
+        Only a lock holder publishes files, so no publish is in progress while this one holds
+        it: a temporary file in the directory was left by a holder that was interrupted.
+        """
         try:
-            return self.files.lock(directory / LOCK_NAME)
+            fd = self.files.lock(directory / LOCK_NAME)
         except LockedError:
             raise SessionLockedError(
                 f"session {session_id!r} is being written by another process "
                 f"(it holds {directory / LOCK_NAME})"
             ) from None
+        self.files.remove_temporaries(directory)
+        return fd
 
     def _verify(self, log: _Log, session_id: str) -> None:
         """(Re)open an existing log, check what it holds, and take its size and count.
@@ -724,8 +753,20 @@ class JsonlSessionPersistence:
     # -- reading --------------------------------------------------------------------------------
 
     async def list_sessions(self) -> list[SessionHeader]:
-        """The headers of the sessions stored under the root, oldest first."""
-        return await anyio.to_thread.run_sync(self._list)
+        """The headers of the intact sessions stored under the root, oldest first.
+
+        A session whose log cannot be read is left out; :meth:`scan_sessions` reports it.
+        """
+        return list((await self.scan_sessions()).headers)
+
+    async def scan_sessions(self) -> SessionListing:
+        """The headers of the intact sessions under the root, and the problems of the others.
+
+        Reads only the first line of each log. A session directory is one that holds a
+        ``session.jsonl`` (whatever it is), or a symbolic link (never followed); other
+        entries of the root are not sessions. One bad session never hides the others.
+        """
+        return await anyio.to_thread.run_sync(self._scan_sessions)
 
     async def inspect(self, session_id: str) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
@@ -766,8 +807,16 @@ class JsonlSessionPersistence:
     def _recover(self, session_id: str) -> StoredLog:
         directory = self._directory(session_id)
         path = directory / LOG_NAME
-        if not (path.exists() or path.is_symlink()):
+        if not _exists(path):
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
+        if not _exists(directory / LOCK_NAME):
+            # No writer has held the session (writers create the lock file and never remove
+            # it): read the log before creating one, so that a refused recovery, or one with
+            # nothing to do, leaves nothing behind. A change is made under the lock, after
+            # reading the log again.
+            scan = scan_log(self._read(path), path)
+            if not (scan.torn or interrupted_turn_closers(scan.events)):
+                return StoredLog(scan.header, scan.events, (), 0, path)
         log = _Log(path, self._lock(session_id, directory))
         try:
             scan = scan_log(self._read(path), path)
@@ -789,24 +838,30 @@ class JsonlSessionPersistence:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
         name, attempt = f"{LOG_NAME}.torn-{offset}", 1
         keep = directory / name
-        while keep.exists():
+        while _exists(keep):
             if self.files.read(keep) == torn:
                 return
             attempt += 1
             keep = directory / f"{name}.{attempt}"
         self.files.publish(keep, torn)
 
-    def _list(self) -> list[SessionHeader]:
+    def _scan_sessions(self) -> SessionListing:
         if not self.root.is_dir():
-            return []
-        headers = []
-        for entry in self.root.iterdir():
+            return SessionListing((), ())
+        headers: list[SessionHeader] = []
+        problems: list[SessionProblem] = []
+        for entry in sorted(self.root.iterdir()):
             path = entry / LOG_NAME
-            if entry.is_symlink() or not path.is_file():
-                continue
-            line = self.files.read_first_line(path)
-            headers.append(scan_log(line, path).header)
-        return sorted(headers, key=lambda header: (header.created_at, header.id))
+            try:
+                if entry.is_symlink():
+                    _refuse_link(entry)
+                if not _exists(path):
+                    continue  # not a session, or one whose log was never published
+                headers.append(scan_log(self.files.read_first_line(path), path).header)
+            except (PersistenceError, OSError) as exc:
+                problems.append(SessionProblem(entry, exc))
+        headers.sort(key=lambda header: (header.created_at, header.id))
+        return SessionListing(tuple(headers), tuple(problems))
 
     def _read(self, path: Path) -> bytes:
         try:
@@ -814,15 +869,20 @@ class JsonlSessionPersistence:
         except FileNotFoundError:
             session_id = decode_session_id(path.parent.name)
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
-        except OSError as exc:
-            if path.is_symlink():
-                raise PersistenceError(f"{path} is a symbolic link; refusing to follow it") from exc
-            raise
 
     def _directory(self, session_id: str) -> Path:
         directory = self.root / encode_session_id(session_id)
         if directory.is_symlink():
-            raise InvalidSessionIdError(
-                f"{directory} is a symbolic link; refusing to follow it out of the root"
-            )
+            _refuse_link(directory)
         return directory
+
+
+def _refuse_link(directory: Path) -> NoReturn:
+    raise InvalidSessionIdError(
+        f"{directory} is a symbolic link; refusing to follow it out of the root"
+    )
+
+
+def _exists(path: Path) -> bool:
+    """Whether anything has the name *path*: a dangling symbolic link does too."""
+    return path.is_symlink() or path.exists()
