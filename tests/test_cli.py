@@ -7,10 +7,12 @@ SIGKILL from outside, and then recover the session through the command line.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -779,3 +781,51 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
             reap(child)
         assert first.startswith(b'{"type":"assistant/chunk"' if options else b"session long ")
         assert errors == b""
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write beyond it fails with EFBIG
+
+
+def test_a_session_another_process_writes_is_one_line_and_status_2(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    (root / "busy").mkdir(parents=True)
+    lock = os.open(root / "busy" / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ledger = tmp_path / "ledger.jsonl"
+        command = [*COMMAND, "agent", "--root", str(root), "--session", "busy"]
+        completed = subprocess.run(
+            [*command, "--ledger", str(ledger)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(lock)
+    assert (completed.returncode, completed.stdout) == (2, "")
+    assert completed.stderr == (
+        f"kai-checkpoint: session 'busy' is being written by another process "
+        f"(it holds {root / 'busy' / 'session.lock'})\n"
+    )
+    assert not ledger.exists()  # the checkpoint failed closed: no payment
+
+
+def test_a_write_the_system_refuses_is_one_line_and_status_1(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    command = [*COMMAND, "agent", "--root", str(tmp_path / "sessions"), "--session", "s"]
+    completed = subprocess.run(
+        [*command, "--ledger", str(ledger)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=_limit_file_size,
+    )
+    assert (completed.returncode, completed.stdout) == (1, "")
+    assert completed.stderr == "kai-checkpoint: [Errno 27] File too large\n"
+    assert not ledger.exists()
