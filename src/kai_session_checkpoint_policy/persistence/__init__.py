@@ -7,6 +7,7 @@ and does not choose when they happen.
 from .errors import (
     CorruptLogError,
     InvalidSessionIdError,
+    LeaseLostError,
     LiveSessionError,
     PersistenceError,
     RollbackError,
@@ -30,6 +31,7 @@ __all__ = [
     "CorruptLogError",
     "InvalidSessionIdError",
     "JsonlSessionPersistence",
+    "LeaseLostError",
     "LiveSessionError",
     "LockedError",
     "OsFiles",
