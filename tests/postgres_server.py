@@ -107,11 +107,14 @@ def find_binaries(
 def missing(binaries: Binaries | None) -> str | None:
     """What the PostgreSQL tests need and this machine lacks (given the *binaries* found),
     or ``None``."""
-    problems = [
-        f"the Python package {package} is not installed (pip install -e '.[postgres]')"
-        for package in ("psycopg", "psycopg_pool")
-        if importlib.util.find_spec(package) is None
+    problems: list[str] = []
+    packages = [
+        name for name in ("psycopg", "psycopg_pool") if importlib.util.find_spec(name) is None
     ]
+    if packages:
+        names = " and ".join(packages)
+        verb = "are" if len(packages) > 1 else "is"
+        problems.append(f"{names} {verb} not installed (pip install -e '.[postgres]')")
     if binaries is None:
         problems.append(
             "no PostgreSQL server programs (initdb, pg_ctl, postgres) on PATH, in "
