@@ -1,8 +1,11 @@
-"""``__all__`` of the re-exporting packages is sorted and is exactly their public surface."""
+"""``__all__`` of the re-exporting packages is exactly their public surface, sorted; and only
+the PostgreSQL store needs the PostgreSQL driver."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from types import ModuleType
 
 import pytest
@@ -46,3 +49,24 @@ def test_all_is_exactly_the_public_surface(module: ModuleType) -> None:
 
     assert modules == EXPORTED_MODULES[module]
     assert exported - modules == public_names(module)
+
+
+WITHOUT_DRIVER = """
+import sys
+sys.modules["psycopg"] = sys.modules["psycopg_pool"] = None  # importing either fails
+import kai_session_checkpoint_policy.cli
+import kai_session_checkpoint_policy.persistence
+import kai_session_checkpoint_policy.pytest_plugin
+try:
+    import kai_session_checkpoint_policy.persistence.postgres_store
+except ImportError as refused:
+    print("refused:", refused.name)
+"""
+
+
+def test_only_the_postgres_store_needs_the_postgres_driver() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_DRIVER], capture_output=True, text=True, check=True
+    )
+
+    assert result.stdout == "refused: psycopg\n"

@@ -7,6 +7,7 @@ and does not choose when they happen.
 from .errors import (
     CorruptLogError,
     InvalidSessionIdError,
+    LeaseLostError,
     LiveSessionError,
     NotARegularFileError,
     PersistenceError,
@@ -38,6 +39,7 @@ __all__ = [
     "CorruptLogError",
     "InvalidSessionIdError",
     "JsonlSessionPersistence",
+    "LeaseLostError",
     "LiveSessionError",
     "LockedError",
     "NotARegularFileError",

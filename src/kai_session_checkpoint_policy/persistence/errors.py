@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CorruptLogError",
     "InvalidSessionIdError",
+    "LeaseLostError",
     "LiveSessionError",
     "NotARegularFileError",
     "PersistenceError",
@@ -70,6 +71,10 @@ class SeqMismatchError(PersistenceError):
 
 class SessionLockedError(PersistenceError):
     """Another writer (usually another process) holds the session's log."""
+
+
+class LeaseLostError(PersistenceError):
+    """The writer's lease on a session expired or was taken over; nothing was written."""
 
 
 class LiveSessionError(PersistenceError):

@@ -1,0 +1,702 @@
+"""The PostgreSQL session store: schema, leases and batches, as blocking calls.
+
+Every method blocks: an async backend calls them from worker threads (each call takes its own
+connection from the store's pool, so calls from several threads run at once). The store never
+imports the policy, the host or the command line.
+
+Tables, in a schema of the store's own (``kai_sessions`` unless configured)::
+
+    schema_version(version integer primary key, applied_at timestamptz)
+    sessions(session_id text primary key, created_at bigint, version integer)
+    events(session_id text references sessions, seq bigint, type text, time bigint,
+           record text, primary key (session_id, seq))
+    leases(session_id text primary key, owner text, epoch bigint, expires_at timestamptz)
+
+``events.record`` is the event's log line exactly as the JSONL backend writes it
+(:meth:`SessionEvent.encode() <kai_session_checkpoint_policy.SessionEvent.encode>`), stored as
+text so that it reads back byte for byte; ``type`` and ``time`` repeat two of its fields for
+queries. A session's header is its ``sessions`` row, created with its first batch.
+
+**Leases.** One writer per session across machines: a writer holds the session's lease (owner,
+epoch, expiry), renews it, and every batch is checked against it in the batch's own transaction
+(fencing). Expiry is by the *database server's* clock (``clock_timestamp()``), so it means the
+same to every machine, and a lease expires by time even while its holder's connection stays
+open. Taking over an expired lease increments the epoch. The lease row is locked (``FOR
+UPDATE``) by each batch, so a takeover waits for a batch in flight to commit; every statement
+that locks the row has a ``lock_timeout``, and the server ends a transaction that stays idle
+(``idle_in_transaction_session_timeout``), so a writer paused inside a batch can delay a
+takeover but never block it forever.
+
+**Batches.** A batch is one transaction that checks the lease, checks that the stored log holds
+exactly the events before the batch, and inserts the batch; the primary key makes a duplicate
+seq impossible. If the acknowledgement of a commit is lost (the connection drops after the
+``COMMIT`` was sent), the caller cannot tell whether the batch is durable, so it sends it again:
+a batch whose events are already stored, record for record, is acknowledged without writing
+anything again, and one that differs from what is stored is refused. The store makes that
+retry itself, once, when a call fails because its connection broke (a connection left over from
+before a server restart, or a backend that was terminated); otherwise the error is raised.
+
+**Bounded failure.** Connecting has ``connect_timeout``, waiting for a pooled connection has the
+pool's ``timeout``, and every statement has ``statement_timeout``: a server that is down or
+unreachable makes a call fail within about ``pool_timeout`` seconds, and once the server is back
+the same store works again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+from .errors import (
+    LeaseLostError,
+    PersistenceError,
+    SeqMismatchError,
+    SessionLockedError,
+    SessionNotFoundError,
+    UnsupportedFormatError,
+)
+from .format import FORMAT_VERSION, SessionHeader, encode_session_id
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from datetime import datetime
+
+    from psycopg.rows import TupleRow
+
+    from ..events import SessionEvent
+
+    _Connection: TypeAlias = psycopg.Connection[TupleRow]
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "SCHEMA_VERSION",
+    "Batch",
+    "Lease",
+    "PostgresSessionStore",
+    "StoredRecords",
+    "migration_lock_key",
+]
+
+DEFAULT_SCHEMA: Final = "kai_sessions"
+
+_T = TypeVar("_T")
+
+_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (  # 1: the tables
+        "CREATE SCHEMA IF NOT EXISTS {schema}",
+        """CREATE TABLE {schema}.schema_version (
+            version integer PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+        )""",
+        """CREATE TABLE {schema}.sessions (
+            session_id text PRIMARY KEY,
+            created_at bigint NOT NULL,
+            version integer NOT NULL
+        )""",
+        """CREATE TABLE {schema}.events (
+            session_id text NOT NULL REFERENCES {schema}.sessions,
+            seq bigint NOT NULL CHECK (seq >= 0),
+            type text NOT NULL,
+            time bigint NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""",
+        """CREATE TABLE {schema}.leases (
+            session_id text PRIMARY KEY,
+            owner text NOT NULL,
+            epoch bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        )""",
+    ),
+)
+"""Each entry takes the schema from the version before it to the next; never edit one."""
+
+SCHEMA_VERSION: Final = len(_MIGRATIONS)
+"""The schema version this release writes."""
+
+
+def migration_lock_key(schema: str) -> int:
+    """The advisory lock key that serializes migrations of *schema* (a signed 64-bit int)."""
+    digest = hashlib.sha256(f"kai-session-store:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A writer's lease on one session, as the database granted it."""
+
+    session_id: str
+    owner: str
+    epoch: int
+    """Incremented by every takeover: a batch is accepted only under the current epoch."""
+    expires_at: datetime
+    """When the lease expires, by the database server's clock (time zone aware)."""
+    ttl: float
+    """Seconds each grant or renewal lasts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Events to append to one session: seqs ``expected_count`` onwards, under *lease*."""
+
+    lease: Lease
+    expected_count: int
+    """How many events the stored log must hold before these."""
+    events: Sequence[SessionEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecords:
+    """A stored session: its header, and each event's log line in seq order."""
+
+    header: SessionHeader
+    records: tuple[str, ...]
+
+
+def _seconds(name: str, value: float, *, positive: bool = True) -> float:
+    checked: object = value
+    if (
+        not isinstance(checked, (int, float))
+        or not math.isfinite(checked)
+        or checked < 0
+        or (positive and checked == 0)
+    ):
+        qualifier = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {qualifier} number of seconds, not {checked!r}")
+    return float(checked)
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+class PostgresSessionStore:
+    """Sessions, their events and their leases in one PostgreSQL schema.
+
+    Creating a store opens its connection pool and creates or migrates the schema; close it
+    with :meth:`close` (or use it as a context manager).
+
+    :param dsn: A libpq connection string or ``postgresql://`` URI.
+    :param schema: The schema that holds the tables: a plain lowercase SQL identifier.
+    :param max_connections: The most connections the pool opens at once.
+    :param connect_timeout: Seconds a connection attempt may take (libpq rounds up to whole
+        seconds, at least 2).
+    :param pool_timeout: Seconds a call waits for a connection from the pool; with the server
+        down, a call fails after this long.
+    :param statement_timeout: Seconds any one statement may run on the server.
+    :param lock_timeout: Seconds a statement may wait for a lock (a lease row that a batch in
+        flight holds, a seq that another transaction is inserting).
+    :param idle_in_transaction_timeout: Seconds the server lets one of the store's transactions
+        sit idle before it ends the session, releasing its locks (a writer paused inside a batch).
+    :param migration_timeout: Seconds a migration may wait for another process's migration, and
+        each of its statements may run.
+    :param application_name: Shown in ``pg_stat_activity`` for the store's connections.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 5.0,
+        statement_timeout: float = 10.0,
+        lock_timeout: float = 2.0,
+        idle_in_transaction_timeout: float = 10.0,
+        migration_timeout: float = 60.0,
+        application_name: str = "kai-session-store",
+    ) -> None:
+        checked: object = schema
+        if not isinstance(checked, str) or not _IDENTIFIER.fullmatch(checked):
+            raise ValueError(
+                f"schema must be a plain lowercase SQL identifier (letters, digits and "
+                f"underscores, at most 63, not starting with a digit), not {checked!r}"
+            )
+        size: object = max_connections
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"max_connections must be an integer, at least 1, not {size!r}")
+        self.schema: Final = schema
+        self.pool_timeout: Final = _seconds("pool_timeout", pool_timeout)
+        self.migration_timeout: Final = _seconds("migration_timeout", migration_timeout)
+        self.lock_timeout: Final = _seconds("lock_timeout", lock_timeout)
+        server_settings = {
+            "statement_timeout": _seconds("statement_timeout", statement_timeout),
+            "lock_timeout": self.lock_timeout,
+            "idle_in_transaction_session_timeout": _seconds(
+                "idle_in_transaction_timeout", idle_in_transaction_timeout
+            ),
+        }
+        connect_seconds = max(2, math.ceil(_seconds("connect_timeout", connect_timeout)))
+        parameters = conninfo_to_dict(dsn)
+        self._where: Final = self._describe(parameters)
+        # Set at connection start, after any options the connection string gives.
+        options = [str(parameters.get("options") or "")] + [
+            f"-c {name}={_milliseconds(seconds)}" for name, seconds in server_settings.items()
+        ]
+        self._pool: Final = ConnectionPool(
+            dsn,
+            kwargs={
+                "connect_timeout": connect_seconds,
+                "application_name": application_name,
+                "options": " ".join(options).strip(),
+            },
+            min_size=1,
+            max_size=max_connections,
+            timeout=self.pool_timeout,
+            # Give up on a failed connection attempt quickly: a new request starts a new
+            # attempt at once, while an attempt kept alive through the pool's backoff (1, 2,
+            # 4... seconds) would keep requests waiting long after the server is back.
+            reconnect_timeout=self.pool_timeout / 2,
+            name=f"kai-sessions-{schema}",
+            open=True,
+        )
+        try:
+            self.schema_version: Final = self._migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<PostgresSessionStore {self._where}, schema {self.schema!r}>"
+
+    def __enter__(self) -> PostgresSessionStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection of the pool."""
+        self._pool.close()
+
+    @staticmethod
+    def _describe(parameters: Mapping[str, object]) -> str:
+        """Where the database is, for messages (never the password)."""
+        database = parameters.get("dbname") or parameters.get("user") or "(default database)"
+        host = parameters.get("host") or "(default host)"
+        port = parameters.get("port")
+        return f"database {database!s} at {host!s}" + (f":{port!s}" if port else "")
+
+    # -- running transactions -------------------------------------------------------------------
+
+    def _run(self, what: str, operation: Callable[[_Connection], _T]) -> _T:
+        """Run *operation* in one transaction on a pooled connection; commit if it returns.
+
+        A call whose connection broke (a connection from before a server restart, or one whose
+        backend was terminated) is run once more on a new connection; every operation is safe
+        to repeat. A database error is raised as a :class:`PersistenceError` naming *what*
+        failed, with the driver's exception as its cause.
+        """
+        retried = False
+        while True:
+            try:
+                connection = self._pool.getconn()
+            except psycopg.Error as exc:
+                raise self._error(what, exc) from exc
+            try:
+                with connection:  # commits on return, rolls back on an exception
+                    return operation(connection)
+            except psycopg.Error as exc:
+                if connection.broken and not retried:
+                    retried = True
+                    self._pool.check()  # replace the other broken connections it holds too
+                    continue
+                raise self._error(what, exc) from exc
+            finally:
+                self._pool.putconn(connection)
+
+    def _error(self, what: str, exc: psycopg.Error) -> PersistenceError:
+        # The server's primary message alone: its context lines do not fit in one line.
+        problem = (exc.diag.message_primary or str(exc)).strip() or type(exc).__name__
+        return PersistenceError(
+            f"PostgreSQL session store, {self._where}: {what} failed: {problem}"
+        )
+
+    def _sql(self, statement: str) -> sql.Composed:
+        return sql.SQL(statement).format(schema=sql.Identifier(self.schema))
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _stored_version(self, connection: _Connection) -> int:
+        # Read from the catalog, not with to_regclass(): a name lookup may answer from this
+        # backend's cache, which does not yet know of a table that another process created
+        # while this one waited for the migration lock.
+        row = connection.execute(
+            """SELECT EXISTS (
+                   SELECT FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = %s AND c.relname = 'schema_version')""",
+            (self.schema,),
+        ).fetchone()
+        if row is None or not row[0]:
+            return 0
+        row = connection.execute(
+            self._sql("SELECT coalesce(max(version), 0) FROM {schema}.schema_version")
+        ).fetchone()
+        assert row is not None
+        version: int = row[0]
+        if version > SCHEMA_VERSION:
+            raise UnsupportedFormatError(
+                f"PostgreSQL session store, {self._where}: schema {self.schema!r} is at version "
+                f"{version}, newer than version {SCHEMA_VERSION} which this release knows; "
+                "upgrade kai-session-checkpoint-policy"
+            )
+        return version
+
+    def _migrate(self) -> int:
+        """Apply the migrations the schema lacks, each in a transaction of its own.
+
+        A migration holds an advisory lock, so two processes opening a store at once never
+        both apply one: the second waits, then finds it applied.
+        """
+        while (version := self._run("migrating the schema", self._migrate_once)) < SCHEMA_VERSION:
+            pass
+        return version
+
+    def _migrate_once(self, connection: _Connection) -> int:
+        """Apply the next migration the schema lacks, if any; return the version it is at."""
+        version = self._stored_version(connection)
+        if version == SCHEMA_VERSION:
+            return version
+        timeout = f"{_milliseconds(self.migration_timeout)}ms"
+        for setting in ("lock_timeout", "statement_timeout"):
+            connection.execute("SELECT set_config(%s, %s, true)", (setting, timeout))
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (migration_lock_key(self.schema),))
+        version = self._stored_version(connection)  # another process may have migrated meanwhile
+        if version == SCHEMA_VERSION:
+            return version
+        for statement in _MIGRATIONS[version]:
+            connection.execute(self._sql(statement))
+        connection.execute(
+            self._sql("INSERT INTO {schema}.schema_version (version) VALUES (%s)"), (version + 1,)
+        )
+        return version + 1
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def acquire(self, session_id: str, owner: str, ttl: float) -> Lease:
+        """Take the lease on *session_id* for *owner*, for *ttl* seconds.
+
+        A lease nobody holds, or one that expired, is taken (a new epoch). While *owner* holds
+        the lease already, it is returned as it stands (so a retried call whose
+        acknowledgement was lost gets the lease it took): *owner* must name one writer, and
+        never a later one, such as a host name, a process id and a random token.
+
+        :raises SessionLockedError: if another owner holds an unexpired lease (naming it and
+            when the lease expires), or if a batch in flight keeps the lease row locked past
+            ``lock_timeout``.
+        """
+        encode_session_id(session_id)
+        seconds = _seconds("ttl", ttl)
+
+        def acquire(connection: _Connection) -> Lease:
+            try:
+                row = connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.leases AS lease
+                               (session_id, owner, epoch, expires_at)
+                           VALUES (%(session)s, %(owner)s, 1, clock_timestamp() + %(ttl)s)
+                           ON CONFLICT (session_id) DO UPDATE
+                           SET owner = excluded.owner, epoch = lease.epoch + 1,
+                               expires_at = clock_timestamp() + %(ttl)s
+                           WHERE lease.expires_at <= clock_timestamp()
+                           RETURNING epoch, expires_at"""
+                    ),
+                    {"session": session_id, "owner": owner, "ttl": timedelta(seconds=seconds)},
+                ).fetchone()
+            except psycopg.errors.LockNotAvailable as exc:
+                raise SessionLockedError(
+                    f"session {session_id!r}: a batch in flight keeps its lease locked (waited "
+                    f"{self.lock_timeout:g} s for it); try again"
+                ) from exc
+            if row is not None:
+                return Lease(session_id, owner, row[0], row[1], seconds)
+            holder = connection.execute(
+                self._sql(
+                    "SELECT owner, epoch, expires_at FROM {schema}.leases WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            assert holder is not None  # the conflicting row, locked by the insert above
+            if holder[0] == owner:
+                return Lease(session_id, owner, holder[1], holder[2], seconds)
+            raise SessionLockedError(
+                f"session {session_id!r} is held by {holder[0]!r} (lease epoch {holder[1]}), "
+                f"whose lease expires at {holder[2].isoformat()} by the database's clock "
+                "unless renewed"
+            )
+
+        return self._run(f"acquiring the lease on session {session_id!r}", acquire)
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend *lease* by its ttl from now.
+
+        :raises LeaseLostError: if the lease expired or another owner took it over.
+        """
+
+        def renew(connection: _Connection) -> Lease:
+            row = connection.execute(
+                self._sql(
+                    """UPDATE {schema}.leases SET expires_at = clock_timestamp() + %s
+                       WHERE session_id = %s AND owner = %s AND epoch = %s
+                         AND expires_at > clock_timestamp()
+                       RETURNING expires_at"""
+                ),
+                (timedelta(seconds=lease.ttl), lease.session_id, lease.owner, lease.epoch),
+            ).fetchone()
+            if row is None:
+                raise self._lease_lost(connection, lease, "cannot renew it")
+            return Lease(lease.session_id, lease.owner, lease.epoch, row[0], lease.ttl)
+
+        return self._run(f"renewing the lease on session {lease.session_id!r}", renew)
+
+    def release(self, lease: Lease) -> bool:
+        """Give *lease* up (it expires now); return whether it was still held."""
+
+        def release(connection: _Connection) -> bool:
+            cursor = connection.execute(
+                self._sql(
+                    """UPDATE {schema}.leases SET expires_at = clock_timestamp()
+                       WHERE session_id = %s AND owner = %s AND epoch = %s
+                         AND expires_at > clock_timestamp()"""
+                ),
+                (lease.session_id, lease.owner, lease.epoch),
+            )
+            return cursor.rowcount == 1
+
+        return self._run(f"releasing the lease on session {lease.session_id!r}", release)
+
+    def _lease_lost(
+        self, connection: _Connection, lease: Lease, consequence: str
+    ) -> LeaseLostError:
+        """Describe why *lease* is no longer held, from the lease row as it is now."""
+        row = connection.execute(
+            self._sql(
+                """SELECT owner, epoch, expires_at, expires_at <= clock_timestamp()
+                   FROM {schema}.leases WHERE session_id = %s"""
+            ),
+            (lease.session_id,),
+        ).fetchone()
+        return self._lease_lost_error(lease, row, consequence)
+
+    @staticmethod
+    def _lease_lost_error(
+        lease: Lease, row: tuple[object, ...] | None, consequence: str
+    ) -> LeaseLostError:
+        held = f"the lease of {lease.owner!r} (epoch {lease.epoch}) on session {lease.session_id!r}"
+        if row is None:
+            reason = "was never granted"
+        elif (row[0], row[1]) != (lease.owner, lease.epoch):
+            reason = f"was taken over by {row[0]!r} (epoch {row[1]})"
+        else:
+            expires_at = row[2]
+            assert hasattr(expires_at, "isoformat")
+            reason = f"expired at {expires_at.isoformat()} by the database's clock"
+        return LeaseLostError(f"{held} {reason}; {consequence}")
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def append(self, lease: Lease, expected_count: int, events: Sequence[SessionEvent]) -> int:
+        """Append *events* (seqs ``expected_count`` onwards) to the lease's session durably.
+
+        Returns how many of the events this call wrote: fewer than all when a previous attempt
+        whose acknowledgement was lost had already stored the first ones (exactly these
+        records, at these seqs).
+
+        :raises LeaseLostError: if *lease* expired or was taken over; nothing is written.
+        :raises SeqMismatchError: if the stored log does not end right before the batch, or
+            holds different events at its seqs; nothing is written.
+        :raises PersistenceError: if the database fails or cannot be reached in time.
+        """
+        return self.append_many([Batch(lease, expected_count, events)])[0]
+
+    def append_many(self, batches: Sequence[Batch]) -> list[int]:
+        """Append several sessions' batches in one transaction (so one WAL flush).
+
+        All or nothing: if any batch is refused, none is written, and the error names its
+        session. Returns, for each batch, how many of its events this call wrote (as
+        :meth:`append`).
+        """
+        if not batches:
+            return []
+        sessions = [batch.lease.session_id for batch in batches]
+        if len(set(sessions)) != len(sessions):
+            raise ValueError(f"one transaction can take one batch per session, not {sessions}")
+        records = [self._checked_records(batch) for batch in batches]
+
+        def append(connection: _Connection) -> list[int]:
+            rows = connection.execute(
+                self._sql(
+                    """SELECT session_id, owner, epoch, expires_at,
+                              expires_at <= clock_timestamp()
+                       FROM {schema}.leases WHERE session_id = ANY(%s)
+                       ORDER BY session_id FOR UPDATE"""
+                ),
+                (sessions,),
+            ).fetchall()
+            leases = {row[0]: row[1:] for row in rows}
+            for batch in batches:
+                row = leases.get(batch.lease.session_id)
+                if row is None or (row[0], row[1], row[3]) != (
+                    batch.lease.owner,
+                    batch.lease.epoch,
+                    False,
+                ):
+                    raise self._lease_lost_error(batch.lease, row, "refusing to write")
+            counts: dict[str, int] = dict(
+                connection.execute(
+                    self._sql(
+                        """SELECT session_id, max(seq) + 1 FROM {schema}.events
+                           WHERE session_id = ANY(%s) GROUP BY session_id"""
+                    ),
+                    (sessions,),
+                ).fetchall()
+            )
+            written: list[int] = []
+            new_sessions: list[tuple[str, int]] = []
+            rows_to_insert: list[tuple[str, SessionEvent, str]] = []
+            for batch, lines in zip(batches, records, strict=True):
+                session_id = batch.lease.session_id
+                stored = counts.get(session_id, 0)
+                already = self._already_stored(connection, batch, lines, stored)
+                if stored == 0:  # the batch starts the log: its header is created with it
+                    new_sessions.append((session_id, batch.events[0].time))
+                pending = list(zip(batch.events, lines, strict=True))[already:]
+                rows_to_insert += [(session_id, event, line) for event, line in pending]
+                written.append(len(pending))
+            if new_sessions:
+                connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.sessions (session_id, created_at, version)
+                           SELECT *, %s FROM unnest(%s::text[], %s::bigint[])"""
+                    ),
+                    (
+                        FORMAT_VERSION,
+                        [session for session, _ in new_sessions],
+                        [created_at for _, created_at in new_sessions],
+                    ),
+                )
+            if rows_to_insert:
+                connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.events (session_id, seq, type, time, record)
+                           SELECT * FROM unnest(
+                               %s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::text[])"""
+                    ),
+                    (
+                        [row[0] for row in rows_to_insert],
+                        [row[1].seq for row in rows_to_insert],
+                        [row[1].type for row in rows_to_insert],
+                        [row[1].time for row in rows_to_insert],
+                        [row[2] for row in rows_to_insert],
+                    ),
+                )
+            return written
+
+        what = f"appending to session {sessions[0]!r}" + (
+            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
+        )
+        return self._run(what, append)
+
+    @staticmethod
+    def _checked_records(batch: Batch) -> list[str]:
+        """The log lines of the batch's events, once their seqs are checked to follow on."""
+        session_id = batch.lease.session_id
+        if not batch.events:
+            raise ValueError(f"session {session_id!r}: a batch needs at least one event")
+        for index, event in enumerate(batch.events):
+            if event.seq != batch.expected_count + index:
+                raise SeqMismatchError(
+                    f"session {session_id!r}: refusing to write seq {event.seq} at position "
+                    f"{index} of a batch that starts after {batch.expected_count} events, so "
+                    f"seq {batch.expected_count + index} was expected"
+                )
+        return [event.encode() for event in batch.events]
+
+    def _already_stored(
+        self, connection: _Connection, batch: Batch, lines: list[str], stored: int
+    ) -> int:
+        """How many of the batch's first events are stored already, exactly as given.
+
+        A log that ends right before the batch holds none of it. One that holds events at the
+        batch's seqs must hold exactly the batch's records there (a retry of a batch whose
+        acknowledgement was lost, which may have grown since); anything else is refused.
+        """
+        session_id, expected = batch.lease.session_id, batch.expected_count
+        if stored == expected:
+            return 0
+        if stored < expected:
+            raise SeqMismatchError(
+                f"session {session_id!r}: refusing to write seq {expected} at position 0 of a "
+                f"batch; the database holds {stored} events, so seq {stored} was expected"
+            )
+        overlap = connection.execute(
+            self._sql(
+                """SELECT record FROM {schema}.events
+                   WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq"""
+            ),
+            (session_id, expected, expected + len(lines)),
+        ).fetchall()
+        for index, (record,) in enumerate(overlap):
+            if record != lines[index]:
+                raise SeqMismatchError(
+                    f"session {session_id!r}: refusing to write seq {expected + index}: the "
+                    f"database holds {stored} events, and a different event at that seq"
+                )
+        return len(overlap)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(self, session_id: str) -> StoredRecords:
+        """The header and the events' log lines of *session_id*, in seq order.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+
+        def read(connection: _Connection) -> StoredRecords:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = connection.execute(
+                self._sql(
+                    "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(
+                    f"no session {session_id!r} in the PostgreSQL session store, {self._where}"
+                )
+            records = connection.execute(
+                self._sql("SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"),
+                (session_id,),
+            ).fetchall()
+            return StoredRecords(
+                SessionHeader(session_id, row[0], row[1]), tuple(record for (record,) in records)
+            )
+
+        return self._run(f"reading session {session_id!r}", read)
+
+    def list_sessions(self) -> list[SessionHeader]:
+        """The headers of every stored session, oldest first."""
+
+        def list_sessions(connection: _Connection) -> list[SessionHeader]:
+            rows = connection.execute(
+                self._sql(
+                    """SELECT session_id, created_at, version FROM {schema}.sessions
+                       ORDER BY created_at, session_id"""
+                )
+            ).fetchall()
+            return [SessionHeader(*row) for row in rows]
+
+        return self._run("listing sessions", list_sessions)
