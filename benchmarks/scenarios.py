@@ -23,9 +23,9 @@ from kai_session_checkpoint_policy import (
     LlmRequest,
     TextDelta,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     policy,
+    tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder
@@ -36,8 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
     from pathlib import Path
 
-    from kai_session_checkpoint_policy import JSON, Session
-    from kai_session_checkpoint_policy.host import StreamChunk
+    from kai_session_checkpoint_policy import JSON, Session, StreamChunk
     from kai_session_checkpoint_policy.persistence import PersistenceStatistics
 
 __all__ = ["Plan", "run_all"]
@@ -323,7 +322,8 @@ async def _scripted_model(request: LlmRequest) -> AsyncGenerator[StreamChunk, No
         yield Finish("stop")
         return
     yield TextDelta("Let me look that up.")
-    yield ToolCallRequest("call-1", "lookup", '{"query": "answer"}')
+    for chunk in tool_call_block(1, "call-1", "lookup", '{"query": "answer"}'):
+        yield chunk
     yield Finish("tool-calls")
 
 

@@ -42,10 +42,10 @@ from kai_session_checkpoint_policy import (
     Host,
     TextDelta,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     hookimpl,
     policy,
+    tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
         PreStepDecision,
         Session,
         SessionEvent,
+        SessionLogLike,
+        StreamChunk,
         ToolResult,
     )
     from kai_session_checkpoint_policy.hookspecs import (
@@ -67,7 +69,6 @@ if TYPE_CHECKING:
         StreamThunk,
         ToolThunk,
     )
-    from kai_session_checkpoint_policy.host import StreamChunk
     from kai_session_checkpoint_policy.persistence import OsFiles
 
 __all__ = [
@@ -225,14 +226,14 @@ class ObservedJsonl(JsonlSessionPersistence):
         self.recorder = recorder
 
     @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk | None:
+    def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
         thunk = super().session_flush(session)
         if thunk is None:
             return None
         recorder, label, flush = self.recorder, BOUNDARY.get(), thunk
 
         async def observed() -> None:
-            upto = session.seq
+            upto = len(session.events)
             recorder.point(f"{label}: flush-before")
             try:
                 await flush()
@@ -329,8 +330,9 @@ class ScriptedModel:
         for index, text in enumerate(step.chunks):
             yield TextDelta(text)
             self.recorder.point(f"{label}: after chunk {index}")
-        for call_id, tool in step.calls:
-            yield ToolCallRequest(call_id, tool, "{}")
+        for index, (call_id, tool) in enumerate(step.calls, start=1):  # the text is block 0
+            for chunk in tool_call_block(index, call_id, tool):
+                yield chunk
         yield Finish("tool-calls" if step.calls else "stop")
 
 

@@ -20,17 +20,23 @@ from kai_session_checkpoint_policy import (
     SessionEvent,
     TextDelta,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     TurnOutcome,
     hookimpl,
+    tool_call_block,
 )
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
-    from kai_session_checkpoint_policy import JSON, Host, JSONObject, LlmRequest, Session
-    from kai_session_checkpoint_policy.host import StreamChunk
+    from kai_session_checkpoint_policy import (
+        JSON,
+        Host,
+        JSONObject,
+        LlmRequest,
+        Session,
+        StreamChunk,
+    )
     from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder, RecordingAdapter
 
 pytestmark = pytest.mark.anyio
@@ -109,7 +115,9 @@ async def test_one_turn_with_a_tool_call_and_a_final_answer(
 ) -> None:
     kai_host.tools.register(tool("echo", kai_order))
     kai_recording_adapter.script(
-        TextDelta("Checking."), ToolCallRequest("call-1", "echo", '{"x": 1}'), Finish("tool-calls")
+        TextDelta("Checking."),
+        *tool_call_block(1, "call-1", "echo", '{"x": 1}'),
+        Finish("tool-calls"),
     )
     kai_recording_adapter.script(TextDelta("Done."), Finish("stop"))
 
@@ -125,7 +133,7 @@ async def test_one_turn_with_a_tool_call_and_a_final_answer(
         "request/context",
         *CHECKPOINT,
         "adapter",
-        *["assistant/chunk"] * 3,
+        *["assistant/chunk"] * 5,
         "assistant/message",
         "tool/call",
         *CHECKPOINT,
@@ -201,7 +209,9 @@ async def test_safe_tools_run_concurrently_and_results_keep_model_order(
     kai_host.tools.register(Tool("slow", slow, concurrency_safe=True))
     kai_host.tools.register(Tool("fast", fast, concurrency_safe=True))
     kai_recording_adapter.script(
-        ToolCallRequest("call-slow", "slow"), ToolCallRequest("call-fast", "fast"), Finish("stop")
+        *tool_call_block(0, "call-slow", "slow"),
+        *tool_call_block(1, "call-fast", "fast"),
+        Finish("stop"),
     )
 
     with anyio.fail_after(10):
@@ -253,10 +263,10 @@ async def test_an_exclusive_tool_runs_alone(
     kai_host.tools.register(traced("read", safe=True))
     kai_host.tools.register(traced("write", safe=False))
     kai_recording_adapter.script(
-        ToolCallRequest("read-1", "read"),
-        ToolCallRequest("read-2", "read"),
-        ToolCallRequest("write-1", "write"),
-        ToolCallRequest("read-3", "read"),
+        *tool_call_block(0, "read-1", "read"),
+        *tool_call_block(1, "read-2", "read"),
+        *tool_call_block(2, "write-1", "write"),
+        *tool_call_block(3, "read-3", "read"),
         Finish("stop"),
     )
 
@@ -344,7 +354,7 @@ async def test_a_failed_tool_checkpoint_becomes_an_error_result_and_the_body_nev
     kai_host.register(
         FailFlushesAfter("tool/call", kai_flush_recorder, OSError("disk unavailable"))
     )
-    kai_recording_adapter.script(ToolCallRequest("write-1", "write"), Finish("tool-calls"))
+    kai_recording_adapter.script(*tool_call_block(0, "write-1", "write"), Finish("tool-calls"))
 
     outcome = await agent.run_turn("Write.")
 
@@ -389,7 +399,7 @@ async def test_a_nested_dispatch_reuses_the_outer_checkpoint(
         return result.content[0].text
 
     kai_host.tools.register(Tool("run_code", run_code))
-    kai_recording_adapter.script(ToolCallRequest("code-1", "run_code"), Finish("tool-calls"))
+    kai_recording_adapter.script(*tool_call_block(0, "code-1", "run_code"), Finish("tool-calls"))
 
     await agent.run_turn("Run code.")
 
@@ -408,7 +418,7 @@ async def test_an_aborted_signal_ends_the_turn_as_aborted(
         return None
 
     kai_host.tools.register(Tool("stop", stop))
-    kai_recording_adapter.script(ToolCallRequest("stop-1", "stop"), Finish("tool-calls"))
+    kai_recording_adapter.script(*tool_call_block(0, "stop-1", "stop"), Finish("tool-calls"))
 
     outcome = await agent.run_turn("Stop.", signal=controller.signal)
 

@@ -31,6 +31,7 @@ from kai_session_checkpoint_policy import (
     Host,
     Session,
     SessionEvent,
+    SessionExistsError,
     policy,
 )
 from kai_session_checkpoint_policy.persistence import (
@@ -151,16 +152,20 @@ def test_ids_that_look_like_paths_stay_inside_the_root(tmp_path: Path, session_i
     assert list(anyio.run(JsonlSessionPersistence(root).load, session_id).events) == written
 
 
-def test_an_id_too_long_for_a_file_name_fails_the_first_checkpoint(tmp_path: Path) -> None:
-    session_id = "x" * 5000
-    recorder = MemoryRecorder()
-    workload = Workload((SessionPlan(session_id, (CRASH_TURN,)),))
-    assert anyio.run(run_workload, workload, tmp_path / "root", recorder) is not None
-    assert f"{session_id} pre-step 1.1: flush-failed" in recorder.names()
-    assert not any(name.endswith("adapter-start") for name in recorder.names())
-    assert not (tmp_path / "root").exists() or tree(tmp_path / "root") == {}
+def test_an_id_too_long_for_a_file_name_is_refused_when_the_session_is_created(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+
+    async def create() -> None:
+        async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+            host.sessions.create("x" * 5000)
+
     with pytest.raises(InvalidSessionIdError, match=r"session id is too long: 5000 bytes"):
-        anyio.run(JsonlSessionPersistence(tmp_path / "root").load, session_id)
+        anyio.run(create)
+    assert not root.exists() or tree(root) == {}
+    with pytest.raises(InvalidSessionIdError, match=r"session id is too long: 5000 bytes"):
+        anyio.run(JsonlSessionPersistence(root).load, "x" * 5000)
 
 
 def test_an_empty_id_is_refused(tmp_path: Path) -> None:
@@ -352,21 +357,15 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
         wait_for_marker(child, marker, holding)
         before = tree(root)
 
-        refusals: list[Exception] = []
-
         async def second_writer() -> None:
             async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
-                session = host.sessions.create(CRASH_SESSION)
-                session.append("turn/start", {"turn": 1})
-                try:
-                    await host.sessions.flush(session)
-                except SessionLockedError as exc:
-                    refusals.append(exc)
+                with pytest.raises(SessionExistsError, match=r"resume\('crash'\)"):
+                    host.sessions.create(CRASH_SESSION)
+                locked = f"session {CRASH_SESSION!r} is being written by another process"
+                with pytest.raises(SessionLockedError, match=locked):
+                    await host.sessions.resume(CRASH_SESSION)
 
-        with pytest.raises(SessionLockedError):  # closing the host tries once more
-            anyio.run(second_writer)
-        (refusal,) = refusals
-        assert f"session {CRASH_SESSION!r} is being written by another process" in str(refusal)
+        anyio.run(second_writer)
         with pytest.raises(SessionLockedError):
             anyio.run(JsonlSessionPersistence(root).load, CRASH_SESSION)
         assert tree(root) == before

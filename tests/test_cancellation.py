@@ -27,10 +27,10 @@ from kai_session_checkpoint_policy import (
     JsonlSessionPersistence,
     Session,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     hookimpl,
     policy,
+    tool_call_block,
 )
 from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
 
@@ -197,7 +197,7 @@ async def test_a_cancellation_during_the_tool_checkpoint_never_starts_the_body(
     host.register(GateToolCheckpoint(files))
     host.tools.register(Tool("pay", pay))
     host.llm.register_adapter("mock", kai_recording_adapter)
-    kai_recording_adapter.script(ToolCallRequest("c1", "pay"), Finish("tool-calls"))
+    kai_recording_adapter.script(*tool_call_block(0, "c1", "pay"), Finish("tool-calls"))
     async with host:
         session = host.sessions.create("s")
         agent = Agent(host, session, provider="mock", model="m")
@@ -302,9 +302,9 @@ async def test_a_cancelled_batch_keeps_finished_results_and_answers_the_rest_in_
     kai_host.tools.register(Tool("slow", slow, concurrency_safe=True))
     kai_host.tools.register(Tool("later", quick))  # exclusive: a batch of its own, after
     kai_recording_adapter.script(
-        ToolCallRequest("a", "quick"),
-        ToolCallRequest("b", "slow"),
-        ToolCallRequest("c", "later"),
+        *tool_call_block(0, "a", "quick"),
+        *tool_call_block(1, "b", "slow"),
+        *tool_call_block(2, "c", "later"),
         Finish("tool-calls"),
     )
     agent = Agent(kai_host, kai_session, provider="mock", model="m")
@@ -372,7 +372,7 @@ async def test_concurrent_calls_hear_of_a_native_cancel_of_their_turn_before_dis
 
     kai_host.tools.register(Tool("read", read, concurrency_safe=True))
     kai_recording_adapter.script(
-        ToolCallRequest("a", "read"), ToolCallRequest("b", "read"), Finish("tool-calls")
+        *tool_call_block(0, "a", "read"), *tool_call_block(1, "b", "read"), Finish("tool-calls")
     )
     holder = HoldChecksAfter("tool/call", 2, kai_flush_recorder)
     kai_host.register(holder)  # once both calls are recorded, their checkpoints wait

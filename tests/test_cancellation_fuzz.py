@@ -41,10 +41,10 @@ from kai_session_checkpoint_policy import (
     SessionEvent,
     TextDelta,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     hookimpl,
     policy,
+    tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
 
@@ -55,8 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
     from pathlib import Path
 
-    from kai_session_checkpoint_policy import JSON
-    from kai_session_checkpoint_policy.host import StreamChunk
+    from kai_session_checkpoint_policy import JSON, StreamChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -169,9 +168,11 @@ class Model:
             yield TextDelta("done")
             yield Finish("stop")
             return
-        for index in range(self.rng.randint(1, 3)):
+        for index in range(1, self.rng.randint(2, 4)):  # the text is block 0
             name = self.rng.choice(("read", "read", "pay"))
-            yield ToolCallRequest(f"{request.session_id}-{len(request.messages)}-{index}", name)
+            call_id = f"{request.session_id}-{len(request.messages)}-{index}"
+            for chunk in tool_call_block(index, call_id, name):
+                yield chunk
         yield Finish("tool-calls")
 
 

@@ -25,6 +25,7 @@ import pytest
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
 from kai_session_checkpoint_policy.events import tool_result_data
+from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
 from .markers import kill_at_marker, reap, start_agent
@@ -389,7 +390,7 @@ def test_colour_only_on_a_terminal_that_wants_it(
     monkeypatch.setenv("TERM", "xterm-256color")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    console = cli.Console.for_stream(_Terminal() if tty else io.StringIO())
+    console = Console.for_stream(_Terminal() if tty else io.StringIO())
     assert console.color is color
     assert ("\033[" in console.bold("x")) is color
 

@@ -47,8 +47,7 @@ from .markers import kill_at_marker
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
-    from kai_session_checkpoint_policy import LlmRequest
-    from kai_session_checkpoint_policy.host import StreamChunk
+    from kai_session_checkpoint_policy import LlmRequest, StreamChunk
 
 pytestmark = [
     pytest.mark.crash,

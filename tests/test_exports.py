@@ -29,8 +29,8 @@ def public_names(module: ModuleType) -> set[str]:
     """Names a user sees on *module*, leaving out submodules it merely imported."""
     return {
         name
-        for name, value in vars(module).items()
-        if not name.startswith("_") and not isinstance(value, ModuleType)
+        for name in dir(module)
+        if not name.startswith("_") and not isinstance(getattr(module, name), ModuleType)
     }
 
 
@@ -48,7 +48,7 @@ def test_all_is_exactly_the_public_surface(module: ModuleType) -> None:
     modules = {name for name in exported if isinstance(getattr(module, name), ModuleType)}
 
     assert modules == EXPORTED_MODULES[module]
-    assert exported - modules == public_names(module)
+    assert exported - modules - {"__version__"} == public_names(module)
 
 
 WITHOUT_DRIVER = """
@@ -70,3 +70,39 @@ def test_only_the_postgres_store_needs_the_postgres_driver() -> None:
     )
 
     assert result.stdout == "refused: psycopg\n"
+
+
+def test_the_package_has_a_version_and_the_command_shows_it() -> None:
+    from importlib.metadata import version
+
+    assert package.__version__ == version("kai-session-checkpoint-policy")
+    shown = subprocess.run(
+        [sys.executable, "-m", "kai_session_checkpoint_policy", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout == f"kai-checkpoint {package.__version__}\n"
+
+
+LOADED_BY_THE_POLICY = """
+import sys
+before = set(sys.modules)
+import kai_session_checkpoint_policy.policy
+print(" ".join(sorted(m for m in set(sys.modules) - before if m.startswith("kai_session"))))
+"""
+
+
+def test_loading_the_policy_imports_only_the_contract() -> None:
+    """The policy's entry point loads the contract it reads, not the host nor a backend."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOADED_BY_THE_POLICY], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert loaded == [
+        "kai_session_checkpoint_policy",
+        "kai_session_checkpoint_policy.cancellation",
+        "kai_session_checkpoint_policy.contract",
+        "kai_session_checkpoint_policy.hookspecs",
+        "kai_session_checkpoint_policy.policy",
+        "kai_session_checkpoint_policy.results",
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -14,6 +14,7 @@ from kai_session_checkpoint_policy import (
     Host,
     JsonlSessionPersistence,
     LlmRequest,
+    NoPersistenceWarning,
     hookimpl,
     invariant,
     policy,
@@ -48,15 +49,15 @@ class Lifecycle:
     def __init__(self, name: str, log: list[str]) -> None:
         self.name = name
         self.log = log
-        self.hosts: list[HostServices] = []
+        self.hosts: list[HostServices[Any]] = []
 
     @hookimpl
-    def host_configure(self, host: HostServices) -> None:
+    def host_configure(self, host: HostServices[Any]) -> None:
         self.hosts.append(host)
         self.log.append(f"{self.name}:configure")
 
     @hookimpl
-    def host_unconfigure(self, host: HostServices) -> None:
+    def host_unconfigure(self, host: HostServices[Any]) -> None:
         self.log.append(f"{self.name}:unconfigure")
 
 
@@ -102,11 +103,12 @@ async def test_autoload_registers_the_policy_and_its_companion(
     monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     block = () if jsonl_importable() else (JSONL,)
 
-    async with Host(block=block) as host:
-        assert host.pm.get_plugin(POLICY) is policy
-        assert host.pm.get_plugin(COMPANION) is invariant
-        assert host.invariants is not None
-        assert host.invariants.registered() == ("kai-session-checkpoint-policy",)
+    with pytest.warns(NoPersistenceWarning, match="offers no session_persistence"):  # noqa: PT031
+        async with Host(block=block) as host:
+            assert host.pm.get_plugin(POLICY) is policy
+            assert host.pm.get_plugin(COMPANION) is invariant
+            assert host.invariants is not None
+            assert host.invariants.registered() == ("kai-session-checkpoint-policy",)
 
 
 async def test_autoload_registers_the_jsonl_backend(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,8 +117,9 @@ async def test_autoload_registers_the_jsonl_backend(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     plugin = importlib.import_module(JSONL_MODULE)
 
-    async with Host() as host:
-        assert host.pm.get_plugin(JSONL) is plugin
+    with pytest.warns(NoPersistenceWarning):
+        async with Host() as host:
+            assert host.pm.get_plugin(JSONL) is plugin
 
 
 def test_the_environment_variable_turns_autoload_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -105,7 +105,7 @@ def test_a_failing_installer_releases_the_name() -> None:
         raise RuntimeError("installer broke")
 
     with pytest.raises(RuntimeError, match=r"^installer broke$"):
-        registry.register(PACKAGE, install)
+        registry.register(PACKAGE, install=install)
 
     assert registry.registered() == ()
     assert registry.register(PACKAGE).active is True

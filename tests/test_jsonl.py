@@ -19,15 +19,16 @@ from kai_session_checkpoint_policy import (
     Host,
     LlmRequest,
     Session,
+    SessionExistsError,
+    StreamChunk,
     TextDelta,
     Tool,
-    ToolCallRequest,
     ToolExecution,
     hookimpl,
     policy,
+    tool_call_block,
 )
 from kai_session_checkpoint_policy.hookspecs import ToolThunk
-from kai_session_checkpoint_policy.host import StreamChunk
 from kai_session_checkpoint_policy.persistence import (
     FORMAT_VERSION,
     JsonlSessionPersistence,
@@ -286,13 +287,52 @@ async def test_a_second_writer_of_a_session_is_refused_before_writing(tmp_path: 
 async def test_a_new_session_cannot_overwrite_a_stored_one(tmp_path: Path) -> None:
     path = write_log(tmp_path, "taken", log_bytes("taken", events(*COMPLETE_TURN)))
     before = path.read_bytes()
-    with pytest.raises(SeqMismatchError, match="holds 6 events, so seq 6 was expected"):  # noqa: PT012
+    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        with pytest.raises(SessionExistsError) as refused:
+            host.sessions.create("taken")
+        assert str(refused.value) == (
+            "session 'taken' already has a log in session-persistence-jsonl: continue it with "
+            "'await host.sessions.resume('taken')', which recovers it first"
+        )
+        assert host.sessions.get("taken") is None
+    assert path.read_bytes() == before
+
+
+async def test_a_log_another_process_created_meanwhile_is_not_written_over(
+    tmp_path: Path,
+) -> None:
+    exists = r"^session 'raced' already has a log of 6 events at .*; a new session cannot write"
+    with pytest.raises(SessionExistsError, match=exists):  # noqa: PT012 - the close tries again
         async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
-            session = host.sessions.create("taken")
+            session = host.sessions.create("raced")
+            path = write_log(tmp_path, "raced", log_bytes("raced", events(*COMPLETE_TURN)))
+            before = path.read_bytes()
             session.append("turn/start", {"turn": 1})
-            with pytest.raises(SeqMismatchError, match="holds 6 events, so seq 6 was expected"):
+            with pytest.raises(SessionExistsError, match=exists):
                 await host.sessions.flush(session)
     assert path.read_bytes() == before
+
+
+async def test_resume_continues_a_stored_session_and_open_picks_resume_or_create(
+    tmp_path: Path,
+) -> None:
+    write_log(tmp_path, "stored", log_bytes("stored", events(*COMPLETE_TURN)))
+    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        resumed = await host.sessions.open("stored")
+        assert [event.type for event in resumed.events] == [t for t, _ in COMPLETE_TURN]
+        assert host.sessions.get("stored") is resumed
+        resumed.append("turn/start", {"turn": 2})
+        fresh = await host.sessions.open("fresh")
+        assert fresh.events == ()
+        fresh.append("turn/start", {"turn": 1})
+        await host.sessions.flush(resumed)
+        await host.sessions.flush(fresh)
+        with pytest.raises(SessionNotFoundError, match="no session 'missing'"):
+            await host.sessions.resume("missing")
+    assert [record["type"] for record in lines(log_path(tmp_path, "stored"))[1:]][-2:] == [
+        "turn/end",
+        "turn/start",
+    ]
 
 
 def crashed_log(tmp_path: Path) -> Path:
@@ -415,7 +455,12 @@ def test_the_batch_window_must_be_positive(window: float) -> None:
 async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: Path) -> None:
     """Eight safe calls checkpoint together: contiguous seqs, no duplicates, one fsync."""
     backend = JsonlSessionPersistence(tmp_path, batch_window=60)
-    calls = [ToolCallRequest(f"c{index}", "lookup", "{}") for index in range(8)]
+    call_ids = [f"c{index}" for index in range(8)]
+    calls = [
+        chunk
+        for index, id_ in enumerate(call_ids)
+        for chunk in tool_call_block(index, id_, "lookup")
+    ]
     all_started = anyio.Event()
     started: list[str] = []
     fsyncs_at_first_body: list[int] = []
@@ -433,7 +478,7 @@ async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: P
         if not started:
             fsyncs_at_first_body.append(backend.statistics().fsyncs)
         started.append(execution.call_id)
-        if len(started) == len(calls):
+        if len(started) == len(call_ids):
             all_started.set()
         await all_started.wait()  # every body runs at the same time
         return execution.call_id
@@ -456,12 +501,12 @@ async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: P
         host.register(CountBeforeTools())
         outcome = await agent.run_turn("look everything up")
         assert outcome.reason == {"kind": "completed"}
-    assert sorted(started) == sorted(call.id for call in calls)
+    assert sorted(started) == call_ids
     assert fsyncs_at_first_body[0] - before_tools[0] == 1  # one group commit for eight calls
     stored = await JsonlSessionPersistence(tmp_path).inspect("parallel")
     assert [event.seq for event in stored.events] == list(range(len(stored.events)))
     results = [e.data["message"] for e in stored.events if e.type == "tool/result"]
-    assert [m["source"]["callId"] for m in results] == [c.id for c in calls]  # type: ignore[index,call-overload]
+    assert [m["source"]["callId"] for m in results] == call_ids  # type: ignore[index,call-overload]
 
 
 async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:

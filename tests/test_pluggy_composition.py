@@ -21,6 +21,7 @@ from kai_session_checkpoint_policy import (
     Finish,
     Host,
     LlmRequest,
+    NoPersistenceWarning,
     PreStep,
     TextBlock,
     Tool,
@@ -35,9 +36,8 @@ from kai_session_checkpoint_policy.host import UnknownProviderError
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Generator
 
-    from kai_session_checkpoint_policy import JSON, Session
+    from kai_session_checkpoint_policy import JSON, Session, StreamChunk
     from kai_session_checkpoint_policy.hookspecs import FlushThunk, StreamThunk, ToolThunk
-    from kai_session_checkpoint_policy.host import StreamChunk
     from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder, RecordingAdapter
 
 pytestmark = pytest.mark.anyio
@@ -332,16 +332,17 @@ async def test_a_host_without_a_persistence_backend_never_checkpoints(
     kai_recording_adapter: RecordingAdapter,
 ) -> None:
     counter = FlushCounter()
-    async with make_host(None, kai_recording_adapter, counter, policy) as host:
-        assert host.session_persistence is None
-        session = host.sessions.create("no-backend")
-        agent = Agent(host, session, provider="mock", model="mock")
+    with pytest.warns(NoPersistenceWarning, match="offers no session_persistence"):  # noqa: PT031
+        async with make_host(None, kai_recording_adapter, counter, policy) as host:
+            assert host.session_persistence is None
+            session = host.sessions.create("no-backend")
+            agent = Agent(host, session, provider="mock", model="mock")
 
-        await drain(host, session)
-        await host.tools.execute(top_level_call(host, session))
-        await host.hooks.agent_pre_step(PreStep(agent, 1, 1, AbortController().signal))()
-        assert counter.sessions == []
+            await drain(host, session)
+            await host.tools.execute(top_level_call(host, session))
+            await host.hooks.agent_pre_step(PreStep(agent, 1, 1, AbortController().signal))()
+            assert counter.sessions == []
 
-        assert await host.sessions.flush(session) is True
-        assert counter.sessions == ["no-backend"]
+            assert await host.sessions.flush(session) is True
+            assert counter.sessions == ["no-backend"]
     assert kai_recording_adapter.order == ["adapter", "tool"]

@@ -38,9 +38,8 @@ from .plugins import FlushListener
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Generator
 
-    from kai_session_checkpoint_policy import JSON, Session
+    from kai_session_checkpoint_policy import JSON, Session, StreamChunk
     from kai_session_checkpoint_policy.hookspecs import ToolThunk
-    from kai_session_checkpoint_policy.host import StreamChunk
     from kai_session_checkpoint_policy.persistence import StoredLog
 
 pytestmark = pytest.mark.anyio
@@ -57,13 +56,16 @@ class StubPersistence:
     async def inspect(self, session_id: str) -> StoredLog:
         raise NotImplementedError("not used")
 
+    def session_exists(self, session_id: str) -> bool:
+        return False
+
     @hookimpl
     def host_configure(self, host: Host) -> None:
-        host.session_persistence = self
+        host.provide_session_persistence(self)
 
     @hookimpl
     def host_unconfigure(self, host: Host) -> None:
-        host.session_persistence = None
+        host.withdraw_session_persistence(self)
 
 
 class RecordingAdapter:
@@ -353,10 +355,13 @@ def test_l2_keeps_the_entry_point_plugin_shape() -> None:
     callers = host.pm.get_hookcallers(policy) or []
     assert sorted(caller.name for caller in callers) == [
         "agent_pre_step",
+        "host_configure",
+        "host_declare_options",
         "llm_stream",
         "tools_execute",
     ]
-    for caller in callers:
+    boundaries = [caller for caller in callers if not caller.name.startswith("host_")]
+    for caller in boundaries:
         (impl,) = (impl for impl in caller.get_hookimpls() if impl.plugin is policy)
         assert impl.wrapper is True
         assert impl.hookwrapper is False

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         LlmRequest,
         PreStep,
         Session,
+        StreamChunk,
         ToolExecution,
         ToolResult,
     )
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
         StreamThunk,
         ToolThunk,
     )
-    from kai_session_checkpoint_policy.host import StreamChunk
 
 
 class HostLifetime:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from kai_session_checkpoint_policy import Agent, Finish, TextDelta, Tool, ToolCallRequest
+from kai_session_checkpoint_policy import Agent, Finish, TextDelta, Tool, tool_call_block
 
 if TYPE_CHECKING:
     from kai_session_checkpoint_policy import Host, Session, ToolExecution
@@ -31,7 +31,7 @@ async def test_the_payment_runs_only_after_its_checkpoint(
         return "paid"
 
     kai_host.tools.register(Tool("pay", pay))
-    kai_recording_adapter.script(ToolCallRequest("call-1", "pay"), Finish("tool-calls"))
+    kai_recording_adapter.script(*tool_call_block(0, "call-1", "pay"), Finish("tool-calls"))
     kai_recording_adapter.script(TextDelta("Paid."), Finish("stop"))
 
     outcome = await Agent(kai_host, kai_session, provider="mock", model="m").run_turn("Pay.")

@@ -1,55 +1,190 @@
 """Semantic durability checkpoints for persisted LLM agents.
 
 The :mod:`~kai_session_checkpoint_policy.policy` plugin flushes the session log before a model
-request, before a top-level tool body, and at every agent step; the JSONL backend makes each
-flush durable; recovery turns a recorded call without a result into ``TOOL_OUTCOME_UNKNOWN``.
+request, before a top-level tool body, and at every agent step; a persistence backend (the JSONL
+one, :class:`JsonlSessionPersistence`) makes each flush durable; recovery turns a recorded call
+without a result into ``TOOL_OUTCOME_UNKNOWN``.
+
+The names below are imported when first used, so that loading the policy's entry point (which
+imports this package) does not import the reference host or the persistence backends.
 """
 
-from . import invariant, policy
-from .events import EVENT_TYPES, JSON, EventDataError, JSONObject, SessionEvent
-from .hookspecs import PROJECT, HostServices, hookimpl
-from .host import (
-    AbortController,
-    AbortSignal,
-    Agent,
-    Finish,
-    Host,
-    LlmRequest,
-    PreStep,
-    PreStepDecision,
-    Session,
-    SessionNotLiveError,
-    SessionStore,
-    TextDelta,
-    Tool,
-    ToolCallRequest,
-    ToolExecution,
-    TurnOutcome,
-)
-from .persistence import (
-    CorruptLogError,
-    JsonlSessionPersistence,
-    PersistenceError,
-    SessionHeader,
-    SessionListing,
-    SessionLockedError,
-    SessionNotFoundError,
-    SessionProblem,
-    StoredLog,
-    UnsupportedFormatError,
-    interrupted_turn_closers,
-)
-from .results import (
-    ABORTED_BEFORE_DISPATCH,
-    TOOL_NOT_STARTED,
-    TOOL_OUTCOME_UNKNOWN,
-    ErrorInfo,
-    TextBlock,
-    ToolError,
-    ToolResult,
-    aborted_before_dispatch,
-    error_result,
-)
+import importlib as _importlib
+import logging as _logging
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from . import invariant, policy
+    from .contract import (
+        AbortSignalLike,
+        AgentLike,
+        BlockEnd,
+        BlockStart,
+        Finish,
+        HostServices,
+        InvariantsLike,
+        LlmRequest,
+        ModelRequestLike,
+        PluginHost,
+        PreStepDecision,
+        PreStepLike,
+        ReasoningDelta,
+        SessionExistsError,
+        SessionLike,
+        SessionLogLike,
+        SessionPersistenceLike,
+        SessionStoreLike,
+        StreamChunk,
+        TextDelta,
+        ToolCallDelta,
+        ToolCallLike,
+        Usage,
+        text_block,
+        tool_call_block,
+    )
+    from .events import (
+        EVENT_TYPES,
+        JSON,
+        EventDataError,
+        JSONObject,
+        SessionEvent,
+    )
+    from .hookspecs import PROJECT, hookimpl
+    from .host import (
+        AbortController,
+        AbortSignal,
+        Agent,
+        Host,
+        HostOptionError,
+        HostStateError,
+        ModelAdapter,
+        PersistenceConflictError,
+        PreStep,
+        Session,
+        SessionError,
+        SessionNotLiveError,
+        SessionStore,
+        Tool,
+        ToolCall,
+        ToolExecution,
+        TurnOutcome,
+    )
+    from .persistence import (
+        CorruptLogError,
+        JsonlSessionPersistence,
+        NotARegularFileError,
+        PersistenceError,
+        SeqMismatchError,
+        SessionHeader,
+        SessionListing,
+        SessionLockedError,
+        SessionNotFoundError,
+        SessionPersistence,
+        SessionProblem,
+        StoredLog,
+        UnsupportedFormatError,
+        interrupted_turn_closers,
+    )
+    from .policy import NoPersistenceError, NoPersistenceWarning
+    from .results import (
+        ABORTED_BEFORE_DISPATCH,
+        TOOL_NOT_STARTED,
+        TOOL_OUTCOME_UNKNOWN,
+        ErrorInfo,
+        TextBlock,
+        ToolError,
+        ToolResult,
+        aborted_before_dispatch,
+        error_result,
+        not_started,
+        outcome_unknown,
+    )
+
+    __version__: str
+
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
+_LAZY: _typing.Final = {
+    "invariant": ".invariant",
+    "policy": ".policy",
+    "AbortSignalLike": ".contract",
+    "AgentLike": ".contract",
+    "BlockEnd": ".contract",
+    "BlockStart": ".contract",
+    "Finish": ".contract",
+    "HostServices": ".contract",
+    "InvariantsLike": ".contract",
+    "LlmRequest": ".contract",
+    "ModelRequestLike": ".contract",
+    "PluginHost": ".contract",
+    "PreStepDecision": ".contract",
+    "PreStepLike": ".contract",
+    "ReasoningDelta": ".contract",
+    "SessionExistsError": ".contract",
+    "SessionLike": ".contract",
+    "SessionLogLike": ".contract",
+    "SessionPersistenceLike": ".contract",
+    "SessionStoreLike": ".contract",
+    "StreamChunk": ".contract",
+    "TextDelta": ".contract",
+    "ToolCallDelta": ".contract",
+    "ToolCallLike": ".contract",
+    "Usage": ".contract",
+    "text_block": ".contract",
+    "tool_call_block": ".contract",
+    "EVENT_TYPES": ".events",
+    "JSON": ".events",
+    "EventDataError": ".events",
+    "JSONObject": ".events",
+    "SessionEvent": ".events",
+    "PROJECT": ".hookspecs",
+    "hookimpl": ".hookspecs",
+    "AbortController": ".host",
+    "AbortSignal": ".host",
+    "Agent": ".host",
+    "Host": ".host",
+    "HostOptionError": ".host",
+    "HostStateError": ".host",
+    "ModelAdapter": ".host",
+    "PersistenceConflictError": ".host",
+    "PreStep": ".host",
+    "Session": ".host",
+    "SessionError": ".host",
+    "SessionNotLiveError": ".host",
+    "SessionStore": ".host",
+    "Tool": ".host",
+    "ToolCall": ".host",
+    "ToolExecution": ".host",
+    "TurnOutcome": ".host",
+    "CorruptLogError": ".persistence",
+    "JsonlSessionPersistence": ".persistence",
+    "NotARegularFileError": ".persistence",
+    "PersistenceError": ".persistence",
+    "SeqMismatchError": ".persistence",
+    "SessionHeader": ".persistence",
+    "SessionListing": ".persistence",
+    "SessionLockedError": ".persistence",
+    "SessionNotFoundError": ".persistence",
+    "SessionPersistence": ".persistence",
+    "SessionProblem": ".persistence",
+    "StoredLog": ".persistence",
+    "UnsupportedFormatError": ".persistence",
+    "interrupted_turn_closers": ".persistence",
+    "NoPersistenceError": ".policy",
+    "NoPersistenceWarning": ".policy",
+    "ABORTED_BEFORE_DISPATCH": ".results",
+    "TOOL_NOT_STARTED": ".results",
+    "TOOL_OUTCOME_UNKNOWN": ".results",
+    "ErrorInfo": ".results",
+    "TextBlock": ".results",
+    "ToolError": ".results",
+    "ToolResult": ".results",
+    "aborted_before_dispatch": ".results",
+    "error_result": ".results",
+    "not_started": ".results",
+    "outcome_unknown": ".results",
+}
+"""Where each name of the package root is defined: imported from there when first used."""
 
 __all__ = [
     "ABORTED_BEFORE_DISPATCH",
@@ -60,42 +195,99 @@ __all__ = [
     "TOOL_OUTCOME_UNKNOWN",
     "AbortController",
     "AbortSignal",
+    "AbortSignalLike",
     "Agent",
+    "AgentLike",
+    "BlockEnd",
+    "BlockStart",
     "CorruptLogError",
     "ErrorInfo",
     "EventDataError",
     "Finish",
     "Host",
+    "HostOptionError",
     "HostServices",
+    "HostStateError",
+    "InvariantsLike",
     "JSONObject",
     "JsonlSessionPersistence",
     "LlmRequest",
+    "ModelAdapter",
+    "ModelRequestLike",
+    "NoPersistenceError",
+    "NoPersistenceWarning",
+    "NotARegularFileError",
+    "PersistenceConflictError",
     "PersistenceError",
+    "PluginHost",
     "PreStep",
     "PreStepDecision",
+    "PreStepLike",
+    "ReasoningDelta",
+    "SeqMismatchError",
     "Session",
+    "SessionError",
     "SessionEvent",
+    "SessionExistsError",
     "SessionHeader",
+    "SessionLike",
     "SessionListing",
     "SessionLockedError",
+    "SessionLogLike",
     "SessionNotFoundError",
     "SessionNotLiveError",
+    "SessionPersistence",
+    "SessionPersistenceLike",
     "SessionProblem",
     "SessionStore",
+    "SessionStoreLike",
     "StoredLog",
+    "StreamChunk",
     "TextBlock",
     "TextDelta",
     "Tool",
-    "ToolCallRequest",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallLike",
     "ToolError",
     "ToolExecution",
     "ToolResult",
     "TurnOutcome",
     "UnsupportedFormatError",
+    "Usage",
+    "__version__",
     "aborted_before_dispatch",
     "error_result",
     "hookimpl",
     "interrupted_turn_closers",
     "invariant",
+    "not_started",
+    "outcome_unknown",
     "policy",
+    "text_block",
+    "tool_call_block",
 ]
+
+
+def _load(name: str) -> object:
+    """Import *name* from where it is defined, and keep it here for the next time."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value: object = version("kai-session-checkpoint-policy")
+    else:
+        module_name = _LAZY.get(name)
+        if module_name is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = _importlib.import_module(module_name, __name__)
+        value = module if module_name == f".{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above, and catch a misspelt name
+    __getattr__ = _load
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,36 +23,27 @@ control character in them escaped (:func:`printable`); ``--json`` output is ASCI
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import signal
 import sys
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 
 import anyio
 
+from .output import Console, compact, event_line, format_time, printable
 from .persistence.jsonl import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
-    from .events import JSON, SessionEvent
     from .persistence import StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_PIPE",
     "EXIT_OK",
-    "Console",
     "UsageError",
-    "describe",
-    "event_line",
     "main",
-    "printable",
 ]
 
 PROG: Final = "kai-checkpoint"
@@ -68,184 +59,6 @@ class UsageError(Exception):
 # -------------------------------------------------------------------------------------------
 # Output
 # -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Console:
-    """Where human-readable output goes, with colour only on a terminal that wants it.
-
-    Colour is used when *stream* is a terminal, ``NO_COLOR`` is unset or empty, and ``TERM``
-    is not ``dumb``.
-    """
-
-    stream: TextIO
-    color: bool = False
-
-    @classmethod
-    def for_stream(cls, stream: TextIO) -> Console:
-        wants_color = (
-            stream.isatty()
-            and not os.environ.get("NO_COLOR")
-            and os.environ.get("TERM", "") != "dumb"
-        )
-        return cls(stream, wants_color)
-
-    def _paint(self, code: str, text: str) -> str:
-        return f"\033[{code}m{text}\033[0m" if self.color else text
-
-    def bold(self, text: str) -> str:
-        return self._paint("1", text)
-
-    def dim(self, text: str) -> str:
-        return self._paint("2", text)
-
-    def good(self, text: str) -> str:
-        return self._paint("32", text)
-
-    def bad(self, text: str) -> str:
-        return self._paint("31", text)
-
-    def note(self, text: str) -> str:
-        return self._paint("33", text)
-
-    def line(self, text: str = "") -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
-
-
-_UNPRINTABLE: Final = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
-"""C0 and C1 controls, DEL, line and paragraph separators, bidi embeddings, overrides and
-isolates, and lone surrogates."""
-
-
-def printable(text: str) -> str:
-    """*text* with every control character escaped visibly, as Python writes it (``\\x1b``).
-
-    Escapes what could move the cursor, erase or forge a line, set the terminal's title, or
-    reorder what follows (C0 and C1 controls, DEL, U+2028, U+2029, U+202A-U+202E and
-    U+2066-U+2069), and lone surrogates, which no UTF-8 output can encode. Every piece of
-    untrusted text (event data and types, session ids, paths) goes through it before it is
-    printed.
-    """
-    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode(), text)
-
-
-def _shorten(text: str, limit: int = 72) -> str:
-    text = " ".join(printable(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _compact(value: JSON) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _texts(content: JSON) -> list[str]:
-    """The texts of a message's content blocks, nested tool-result blocks included."""
-    found: list[str] = []
-    if isinstance(content, list):
-        for block in content:
-            if isinstance(block, dict):
-                text = block.get("text")
-                if isinstance(text, str):
-                    found.append(text)
-                found += _texts(block.get("content"))
-    return found
-
-
-def _message(data: dict[str, JSON]) -> dict[str, JSON]:
-    message = data.get("message")
-    return message if isinstance(message, dict) else {}
-
-
-def describe(event: SessionEvent) -> str:
-    """A one-line human summary of *event*'s data, :func:`printable`."""
-    return _shorten(_summary(event))
-
-
-def _summary(event: SessionEvent) -> str:
-    data = event.data
-    kind = event.type
-    if kind == "turn/start":
-        return f"turn {data.get('turn')}"
-    if kind in ("step/start", "step/end"):
-        return f"turn {data.get('turn')}, step {data.get('step')}"
-    if kind == "turn/end":
-        reason = data.get("reason")
-        what = reason.get("kind") if isinstance(reason, dict) else reason
-        text = f"turn {data.get('turn')}: {what}"
-        error = reason.get("error") if isinstance(reason, dict) else None
-        if isinstance(error, dict):
-            text += f" ({error.get('message')})"
-        return text
-    if kind == "user/message":
-        return repr(" ".join(_texts(data.get("content"))))
-    if kind == "request/header":
-        header = data.get("header")
-        config = header.get("config") if isinstance(header, dict) else None
-        route = (
-            f"{config.get('provider')}/{config.get('model')}" if isinstance(config, dict) else "?"
-        )
-        return f"{route} ({data.get('reason')})"
-    if kind == "request/context":
-        return f"{data.get('provider')}/{data.get('model')}"
-    if kind == "assistant/chunk":
-        chunk = data.get("chunk")
-        if isinstance(chunk, dict):
-            if chunk.get("type") == "tool-call":
-                return f"tool-call {chunk.get('name')}({chunk.get('arguments')})"
-            if chunk.get("type") == "text-delta":
-                return f"text {chunk.get('text')!r}"
-            if chunk.get("type") == "finish":
-                return f"finish ({chunk.get('reason')})"
-        return _compact(chunk)
-    if kind == "assistant/message":
-        content = _message(data).get("content")
-        parts: list[str] = []
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, dict) and block.get("type") == "tool-call":
-                parts.append(f"asks for {block.get('name')} [{block.get('id')}]")
-            elif isinstance(block, dict) and block.get("type") == "text":
-                parts.append(repr(block.get("text")))
-        return "; ".join(parts) or "(empty)"
-    if kind == "tool/call":
-        return f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]"
-    if kind == "tool/result":
-        message = _message(data)
-        source = message.get("source")
-        call_id = source.get("callId") if isinstance(source, dict) else "?"
-        error = data.get("error")
-        status = "ok"
-        if isinstance(error, dict):
-            status = f"error {error.get('code')}"
-        else:
-            content = message.get("content")
-            blocks = content if isinstance(content, list) else []
-            if any(isinstance(block, dict) and block.get("isError") for block in blocks):
-                status = "error"
-        return f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}"
-    return _compact(data)
-
-
-def event_line(
-    console: Console,
-    event: SessionEvent,
-    mark: str = " ",
-    paint: Callable[[str], str] | None = None,
-) -> str:
-    """One event as a line: *mark*, seq, type and :func:`describe`, each part *paint*-ed."""
-    paint = paint or str
-    return (
-        paint(f"{mark}{event.seq:>4}  ")
-        + console.bold(paint(f"{printable(event.type):<17}"))
-        + paint(f" {describe(event)}")
-    )
-
-
-def _format_time(epoch_ms: int) -> str:
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 # -------------------------------------------------------------------------------------------
@@ -271,7 +84,7 @@ async def _list(args: argparse.Namespace) -> int:
     if not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {printable(args.root)}"))
     for header in listing.headers:  # oldest first
-        console.line(f"{printable(header.id)}\t{_format_time(header.created_at)}")
+        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}")
     for problem in listing.problems:
         directory = printable(str(problem.directory))
         print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
@@ -294,7 +107,7 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
     console.line(
         console.bold(f"session {printable(header.id)}")
         + console.dim(
-            f"  created {_format_time(header.created_at)}, format version {header.version}, "
+            f"  created {format_time(header.created_at)}, format version {header.version}, "
             f"{printable(str(log.path))}"
         )
     )
@@ -353,7 +166,7 @@ async def _agent(args: argparse.Namespace) -> int:
         ledger=None if args.ledger is None else Path(args.ledger),
         batch_window=args.batch_window,
     )
-    reason = printable(_compact(outcome.reason))
+    reason = printable(compact(outcome.reason))
     print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
         print(f"assistant: {printable(outcome.text)}")
@@ -398,6 +211,7 @@ def _parser() -> argparse.ArgumentParser:
             "the JSONL backend."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = commands.add_parser(
@@ -474,6 +288,12 @@ def _parser() -> argparse.ArgumentParser:
 def _problem(exc: Exception) -> str:
     text = " ".join(printable(str(exc)).split())
     return text or type(exc).__name__
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("kai-session-checkpoint-policy")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 import anyio
 
 from . import invariant, policy
-from .cli import Console, event_line
+from .contract import Finish, text_block, tool_call_block
 from .hookspecs import hookimpl
-from .host import Agent, Finish, Host, TextDelta, Tool, ToolCallRequest
+from .host import Agent, Host, Tool
+from .output import Console, event_line
 from .persistence import DEFAULT_BATCH_WINDOW, JsonlSessionPersistence, SessionNotFoundError
 
 if TYPE_CHECKING:
@@ -45,17 +46,10 @@ if TYPE_CHECKING:
 
     from anyio.abc import ByteReceiveStream, Process
 
+    from .contract import HostServices, LlmRequest, PreStepDecision, StreamChunk
     from .events import JSON, JSONObject, SessionEvent
-    from .hookspecs import HostServices, PreStepThunk, StreamThunk, ToolThunk
-    from .host import (
-        LlmRequest,
-        PreStep,
-        PreStepDecision,
-        Session,
-        StreamChunk,
-        ToolExecution,
-        TurnOutcome,
-    )
+    from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
+    from .host import PreStep, Session, ToolExecution, TurnOutcome
     from .results import ToolResult
 
 __all__ = [
@@ -142,15 +136,18 @@ class ScriptedModel:
             await _hang(self.marker, "request")
         result = _last_tool_result(request.messages)
         if result is None:
-            yield ToolCallRequest(CALL_ID, TOOL_NAME, json.dumps(PAYMENT))
+            for chunk in tool_call_block(0, CALL_ID, TOOL_NAME, json.dumps(PAYMENT)):
+                yield chunk
             yield Finish("tool-calls")
             return
         failed, text = result
         invoice = PAYMENT["invoice"]
         if failed:
-            yield TextDelta(f"I could not confirm that invoice {invoice} was paid: {text}")
+            answer = f"I could not confirm that invoice {invoice} was paid: {text}"
         else:
-            yield TextDelta(f"Invoice {invoice} is paid: {text}.")
+            answer = f"Invoice {invoice} is paid: {text}."
+        for chunk in text_block(0, answer):
+            yield chunk
         yield Finish("stop")
 
 
@@ -311,7 +308,7 @@ class CheckpointReporter:
         self.console = console
         self._durable: dict[str, int] = {}
 
-    def report(self, host: HostServices, session: Session, where: str) -> None:
+    def report(self, host: HostServices[Session], session: Session, where: str) -> None:
         """Print which events of *session* reached the disk since the last report, and *where*."""
         backend = host.session_persistence
         count = (
@@ -336,7 +333,7 @@ class CheckpointReporter:
 
     @hookimpl(wrapper=True, trylast=True)
     def agent_pre_step(
-        self, step: PreStep, host: HostServices
+        self, step: PreStep, host: HostServices[Session]
     ) -> Generator[None, PreStepThunk, PreStepThunk]:
         downstream = yield
 
@@ -350,7 +347,7 @@ class CheckpointReporter:
 
     @hookimpl(wrapper=True, trylast=True)
     def llm_stream(
-        self, request: LlmRequest, host: HostServices
+        self, request: LlmRequest, host: HostServices[Session]
     ) -> Generator[None, StreamThunk, StreamThunk]:
         downstream = yield
         session = None if request.session_id is None else host.sessions.get(request.session_id)
@@ -366,7 +363,7 @@ class CheckpointReporter:
 
     @hookimpl(wrapper=True, trylast=True)
     def tools_execute(
-        self, execution: ToolExecution, host: HostServices
+        self, execution: ToolExecution, host: HostServices[Session]
     ) -> Generator[None, ToolThunk, ToolThunk]:
         downstream = yield
         agent = execution.agent

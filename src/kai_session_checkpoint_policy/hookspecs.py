@@ -7,26 +7,32 @@ returned thunk is called. Errors therefore arrive in two layers: the ``yield`` r
 plugins raised while *building* their thunks, and the returned thunk raises what happens while
 it *runs*.
 
-Host services reach implementations as the ``host`` keyword argument (see :class:`HostServices`).
-This module imports nothing it describes at run time.
+Host services reach implementations as the ``host`` keyword argument (see
+:class:`~kai_session_checkpoint_policy.contract.HostServices`); the arguments and the values
+that cross the boundaries are declared in :mod:`~kai_session_checkpoint_policy.contract`, so
+that any host can implement them. This module imports nothing it describes at run time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import pluggy
 
-if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Awaitable, Callable
+from .contract import HostServices
 
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+
+    from .contract import (
+        ModelRequestLike,
+        PreStepDecision,
+        PreStepLike,
+        SessionLike,
+        StreamChunk,
+        ToolCallLike,
+    )
     from .events import SessionEvent
-    from .host.agent import PreStep, PreStepDecision
-    from .host.invariants import InvariantRegistry
-    from .host.llm import LlmRequest, LlmRuntime, StreamChunk
-    from .host.sessions import Session, SessionStore
-    from .host.tools import ToolExecution, ToolRuntime
-    from .persistence import SessionPersistence
     from .results import ToolResult
 
 __all__ = [
@@ -55,32 +61,25 @@ FlushThunk: TypeAlias = "Callable[[], Awaitable[None]]"
 """Makes a session's admitted events durable when called and awaited."""
 
 
-class HostServices(Protocol):
-    """The services a host offers its plugins.
-
-    A service is ``None`` when the host does not have it; ``session_persistence`` is ``None``
-    until a persistence backend is configured.
-    """
-
-    @property
-    def sessions(self) -> SessionStore: ...
-    @property
-    def llm(self) -> LlmRuntime: ...
-    @property
-    def tools(self) -> ToolRuntime: ...
-    @property
-    def invariants(self) -> InvariantRegistry | None: ...
-    @property
-    def session_persistence(self) -> SessionPersistence | None: ...
-
-
 # -------------------------------------------------------------------------------------------
 # Host lifecycle
 # -------------------------------------------------------------------------------------------
 
 
+@hookspec
+def host_declare_options() -> Mapping[str, str] | None:
+    """Declare the host options this plugin reads.
+
+    :return: Each option's name (``"jsonl.root"``) with a one-line description, or ``None``.
+
+    Called when the host opens, before any plugin is configured. A host option that no plugin
+    declares is an error at open, naming it and the declared ones, so that a mistyped option
+    cannot switch a plugin off without a word.
+    """
+
+
 @hookspec(historic=True)
-def host_configure(host: HostServices) -> None:
+def host_configure(host: HostServices[Any]) -> None:
     """Acquire per-host resources once the host is open.
 
     :param host: The host that was opened.
@@ -91,7 +90,7 @@ def host_configure(host: HostServices) -> None:
 
 
 @hookspec
-def host_unconfigure(host: HostServices) -> None:
+def host_unconfigure(host: HostServices[Any]) -> None:
     """Release per-host resources.
 
     :param host: The host that is closing, or from which this plugin is being unregistered.
@@ -107,7 +106,7 @@ def host_unconfigure(host: HostServices) -> None:
 
 
 @hookspec(firstresult=True)
-def llm_stream(request: LlmRequest, host: HostServices) -> StreamThunk | None:
+def llm_stream(request: ModelRequestLike, host: HostServices[Any]) -> StreamThunk | None:
     """Return the thunk that dispatches *request* to a model adapter.
 
     :param request: The model request; ``request.session_id`` names the session it belongs to.
@@ -122,7 +121,7 @@ def llm_stream(request: LlmRequest, host: HostServices) -> StreamThunk | None:
 
 
 @hookspec(firstresult=True)
-def tools_execute(execution: ToolExecution, host: HostServices) -> ToolThunk | None:
+def tools_execute(execution: ToolCallLike[Any], host: HostServices[Any]) -> ToolThunk | None:
     """Return the thunk that runs one tool call.
 
     :param execution: The call: id, tool name, arguments, the agent it runs for (``None`` for
@@ -137,12 +136,13 @@ def tools_execute(execution: ToolExecution, host: HostServices) -> ToolThunk | N
 
 
 @hookspec(firstresult=True)
-def agent_pre_step(step: PreStep, host: HostServices) -> PreStepThunk | None:
+def agent_pre_step(step: PreStepLike[Any], host: HostServices[Any]) -> PreStepThunk | None:
     """Return the thunk that decides whether the agent enters its next step.
 
     :param step: The agent, turn number, step number and abort signal of the coming step.
     :param host: The host services.
-    :return: A zero-argument async callable returning a ``PreStepDecision``.
+    :return: A zero-argument async callable returning a
+        :class:`~kai_session_checkpoint_policy.contract.PreStepDecision`.
 
     Stops at first non-None result. Called before every step, before ``step/start`` is
     appended. An exception from the thunk ends the turn with an error before any model request.
@@ -155,7 +155,7 @@ def agent_pre_step(step: PreStep, host: HostServices) -> PreStepThunk | None:
 
 
 @hookspec
-def session_flush(session: Session, host: HostServices) -> FlushThunk | None:
+def session_flush(session: SessionLike, host: HostServices[Any]) -> FlushThunk | None:
     """Return a thunk that makes every event admitted for *session* durable.
 
     :param session: A live session.
@@ -170,7 +170,7 @@ def session_flush(session: Session, host: HostServices) -> FlushThunk | None:
 
 
 @hookspec
-def session_event(session: Session, event: SessionEvent, host: HostServices) -> None:
+def session_event(session: SessionLike, event: SessionEvent, host: HostServices[Any]) -> None:
     """Admit one event that was just appended to a live session.
 
     :param session: The session the event was appended to.
@@ -185,7 +185,7 @@ def session_event(session: Session, event: SessionEvent, host: HostServices) -> 
 
 
 @hookspec
-def session_detach(session: Session, host: HostServices) -> None:
+def session_detach(session: SessionLike, host: HostServices[Any]) -> None:
     """Hear that *session* is no longer live: nothing more will be appended to it here.
 
     :param session: The session that was live until now.

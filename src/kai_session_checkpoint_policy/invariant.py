@@ -3,36 +3,39 @@
 The policy owns no mutable state of its own (its ordering is enforced where it wraps the hooks
 and in the persistence backend), so the companion installs no runtime check. Holding the name
 still matters: a second copy of the package registering it on the same host is an error.
+
+The registration lives in the host's registry, with this module as its owner: the companion
+keeps no state of its own, and serves any number of hosts.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
-from weakref import WeakKeyDictionary
+import sys
+from typing import TYPE_CHECKING, Any, Final
 
 from .hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from .hookspecs import HostServices
-    from .host.invariants import InvariantRegistry, Registration
+    from .contract import HostServices
+
+__all__ = ["PACKAGE_NAME", "inject", "name"]
 
 name: Final = "session-checkpoint-policy-invariant"
 inject: Final = ("invariants",)
 PACKAGE_NAME: Final = "kai-session-checkpoint-policy"
 
-_registrations: WeakKeyDictionary[InvariantRegistry, Registration] = WeakKeyDictionary()
+_OWNER: Final = sys.modules[__name__]
 
 
 @hookimpl
-def host_configure(host: HostServices) -> None:
+def host_configure(host: HostServices[Any]) -> None:
     invariants = host.invariants
     if invariants is not None:
-        _registrations[invariants] = invariants.register(PACKAGE_NAME)
+        invariants.register(PACKAGE_NAME, owner=_OWNER)
 
 
 @hookimpl
-def host_unconfigure(host: HostServices) -> None:
+def host_unconfigure(host: HostServices[Any]) -> None:
     invariants = host.invariants
-    registration = None if invariants is None else _registrations.pop(invariants, None)
-    if registration is not None:
-        registration.release()
+    if invariants is not None:
+        invariants.release(PACKAGE_NAME, owner=_OWNER)

@@ -11,48 +11,99 @@ Three boundaries, each a hook wrapper that flushes the session before the downst
 A failed flush is fail-closed: the adapter or tool body never runs. A flush is also a cancel
 point: a caller cancelled while it waited never reaches the adapter or the tool body, whatever
 the host's flush does. The policy is stateless and does nothing unless the host offers every
-service named in :data:`inject`.
+service named in :data:`inject`; a host that opens without them is told so (a warning, or an
+error with the host option ``checkpoint.require_persistence``).
+
+The policy reads only what :mod:`~kai_session_checkpoint_policy.contract` declares, so any host
+that implements the contract can load it.
 """
 
 from __future__ import annotations
 
+import warnings
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from .cancellation import checkpoint_if_cancelled
 from .hookspecs import hookimpl
 from .results import aborted_before_dispatch
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Generator
+    from collections.abc import AsyncGenerator, Generator, Mapping
 
-    from .hookspecs import HostServices, PreStepThunk, StreamThunk, ToolThunk
-    from .host.agent import PreStep, PreStepDecision
-    from .host.llm import LlmRequest, StreamChunk
-    from .host.tools import ToolExecution
+    from .contract import (
+        HostServices,
+        ModelRequestLike,
+        PreStepDecision,
+        PreStepLike,
+        SessionLike,
+        StreamChunk,
+        ToolCallLike,
+    )
+    from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
     from .results import ToolResult
+
+__all__ = ["REQUIRE_OPTION", "NoPersistenceError", "NoPersistenceWarning", "inject", "name"]
 
 name: Final = "session-checkpoint-policy"
 inject: Final = ("llm", "session_persistence", "sessions", "tools")
+REQUIRE_OPTION: Final = "checkpoint.require_persistence"
+"""Host option: when true, opening a host without the services the policy needs is an error."""
+
+S = TypeVar("S", bound="SessionLike")
 
 
-def _active(host: HostServices) -> bool:
-    return all(getattr(host, service, None) is not None for service in inject)
+class NoPersistenceWarning(UserWarning):
+    """The policy is loaded on a host that cannot make anything durable: it does nothing."""
+
+
+class NoPersistenceError(RuntimeError):
+    """As :class:`NoPersistenceWarning`, on a host that asked for durability to be required."""
+
+
+def _missing(host: HostServices[Any]) -> list[str]:
+    return [service for service in inject if getattr(host, service, None) is None]
+
+
+@hookimpl
+def host_declare_options() -> Mapping[str, str]:
+    return {REQUIRE_OPTION: "refuse to open a host whose checkpoints cannot make anything durable"}
+
+
+@hookimpl(trylast=True)  # after the plugins that provide the services, a backend above all
+def host_configure(host: HostServices[Any]) -> None:
+    missing = _missing(host)
+    if not missing:
+        return
+    problem = (
+        f"the {name} plugin is loaded, but the host offers no {' and no '.join(missing)}: "
+        "its checkpoints will make nothing durable, and a crash can lose what a tool did"
+    )
+    options: Mapping[str, object] = getattr(host, "options", None) or {}
+    if options.get(REQUIRE_OPTION):
+        raise NoPersistenceError(f"{problem} (host option {REQUIRE_OPTION!r} is set)")
+    warnings.warn(
+        f"{problem}; load a persistence backend (with the host option 'jsonl.root', for the "
+        f"JSONL one), or set the host option {REQUIRE_OPTION!r} to make this an error",
+        NoPersistenceWarning,
+        stacklevel=2,
+    )
 
 
 @hookimpl(wrapper=True)
 def llm_stream(
-    request: LlmRequest, host: HostServices
+    request: ModelRequestLike, host: HostServices[S]
 ) -> Generator[None, StreamThunk, StreamThunk]:
     downstream = yield
-    if not _active(host) or request.session_id is None:
+    if _missing(host) or request.session_id is None:
         return downstream
     session = host.sessions.get(request.session_id)
     if session is None:
         return downstream
+    live: S = session
 
     async def checkpointed() -> AsyncGenerator[StreamChunk, None]:
-        await host.sessions.flush(session)
+        await host.sessions.flush(live)
         await checkpoint_if_cancelled()
         async with aclosing(downstream()) as stream:
             async for chunk in stream:
@@ -63,15 +114,16 @@ def llm_stream(
 
 @hookimpl(wrapper=True)
 def tools_execute(
-    execution: ToolExecution, host: HostServices
+    execution: ToolCallLike[S], host: HostServices[S]
 ) -> Generator[None, ToolThunk, ToolThunk]:
     downstream = yield
     agent = execution.agent
-    if not _active(host) or agent is None or execution.parent is not None:
+    if _missing(host) or agent is None or execution.parent is not None:
         return downstream
+    session = agent.session
 
     async def checkpointed() -> ToolResult:
-        await host.sessions.flush(agent.session)
+        await host.sessions.flush(session)
         await checkpoint_if_cancelled()
         if execution.signal.aborted:
             return aborted_before_dispatch()
@@ -82,14 +134,15 @@ def tools_execute(
 
 @hookimpl(wrapper=True)
 def agent_pre_step(
-    step: PreStep, host: HostServices
+    step: PreStepLike[S], host: HostServices[S]
 ) -> Generator[None, PreStepThunk, PreStepThunk]:
     downstream = yield
-    if not _active(host):
+    if _missing(host):
         return downstream
+    session = step.agent.session
 
     async def checkpointed() -> PreStepDecision:
-        await host.sessions.flush(step.agent.session)
+        await host.sessions.flush(session)
         await checkpoint_if_cancelled()
         return await downstream()
 

@@ -34,8 +34,9 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator
 
+    from .contract import LlmRequest, PluginHost, StreamChunk
     from .hookspecs import FlushThunk
-    from .host import Host, LlmRequest, Session, StreamChunk
+    from .host import Host, Session
     from .persistence import StoredLog
 
 __all__ = ["FlushRecorder", "Gate", "RecordingAdapter"]
@@ -116,6 +117,10 @@ class FlushRecorder:
             raise self._failure
         self.order.append("flush:end")
 
+    def session_exists(self, session_id: str) -> bool:
+        """Always ``False``: the recorder stores nothing."""
+        return False
+
     async def load(self, session_id: str) -> StoredLog:
         raise NotImplementedError("the flush recorder stores no sessions")
 
@@ -130,14 +135,13 @@ def _recorder_plugin(recorder: FlushRecorder) -> object:
         name = recorder.name
 
         @hookimpl
-        def host_configure(self, host: Host) -> None:
+        def host_configure(self, host: PluginHost[Session]) -> None:
             if host.session_persistence is None:
-                host.session_persistence = recorder
+                host.provide_session_persistence(recorder)
 
         @hookimpl
-        def host_unconfigure(self, host: Host) -> None:
-            if host.session_persistence is recorder:
-                host.session_persistence = None
+        def host_unconfigure(self, host: PluginHost[Session]) -> None:
+            host.withdraw_session_persistence(recorder)
 
         @hookimpl
         def session_flush(self, session: Session) -> FlushThunk:
@@ -165,7 +169,7 @@ class RecordingAdapter:
         self._scripts.append(chunks)
 
     async def __call__(self, request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
-        from kai_session_checkpoint_policy.host import Finish
+        from kai_session_checkpoint_policy.contract import Finish
 
         self.requests.append(request)
         self.order.append("adapter")

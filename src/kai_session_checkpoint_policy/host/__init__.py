@@ -1,20 +1,22 @@
-"""A small reference host: sessions, model and tool runtimes, an agent loop, invariants."""
+"""A small reference host: sessions, model and tool runtimes, an agent loop, invariants.
+
+It is one implementation of the host contract (:mod:`kai_session_checkpoint_policy.contract`)
+among others; the policy and the backends use nothing of it but what the contract declares.
+"""
 
 from ._hooks import HostHooks, MissingImplementationError
-from ._host import AUTOLOAD_ENV, Host, HostStateError
-from .agent import Agent, PreStep, PreStepDecision, TurnOutcome
+from ._host import AUTOLOAD_ENV, Host, HostOptionError, PersistenceConflictError
+from .agent import Agent, PreStep, ToolCall, TurnOutcome
 from .invariants import InvariantRegistrationError, InvariantRegistry, Registration
-from .llm import (
-    Finish,
-    LlmRequest,
-    LlmRuntime,
-    ModelAdapter,
-    StreamChunk,
-    TextDelta,
-    ToolCallRequest,
-    UnknownProviderError,
+from .llm import LlmRuntime, ModelAdapter, UnknownProviderError
+from .sessions import (
+    HostStateError,
+    Session,
+    SessionError,
+    SessionNotLiveError,
+    SessionStore,
+    epoch_ms,
 )
-from .sessions import Session, SessionError, SessionNotLiveError, SessionStore, epoch_ms
 from .signals import AbortController, AbortError, AbortSignal
 from .tools import Tool, ToolBody, ToolExecution, ToolRuntime, error_message
 
@@ -24,28 +26,25 @@ __all__ = [
     "AbortError",
     "AbortSignal",
     "Agent",
-    "Finish",
     "Host",
     "HostHooks",
+    "HostOptionError",
     "HostStateError",
     "InvariantRegistrationError",
     "InvariantRegistry",
-    "LlmRequest",
     "LlmRuntime",
     "MissingImplementationError",
     "ModelAdapter",
+    "PersistenceConflictError",
     "PreStep",
-    "PreStepDecision",
     "Registration",
     "Session",
     "SessionError",
     "SessionNotLiveError",
     "SessionStore",
-    "StreamChunk",
-    "TextDelta",
     "Tool",
     "ToolBody",
-    "ToolCallRequest",
+    "ToolCall",
     "ToolExecution",
     "ToolRuntime",
     "TurnOutcome",

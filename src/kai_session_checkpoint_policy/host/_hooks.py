@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..contract import HostServices, LlmRequest
     from ..events import SessionEvent
-    from ..hookspecs import FlushThunk, HostServices, PreStepThunk, StreamThunk, ToolThunk
+    from ..hookspecs import FlushThunk, PreStepThunk, StreamThunk, ToolThunk
     from .agent import PreStep
-    from .llm import LlmRequest
     from .sessions import Session
     from .tools import ToolExecution
 
@@ -54,10 +56,17 @@ class HostHooks:
 
     __slots__ = ("_hook", "_host", "_pm")
 
-    def __init__(self, pm: pluggy.PluginManager, host: HostServices) -> None:
+    def __init__(self, pm: pluggy.PluginManager, host: HostServices[Session]) -> None:
         self._pm = pm
         self._hook = pm.hook
         self._host = host
+
+    def host_declare_options(self) -> dict[str, str]:
+        """Every option the registered plugins declare, with its description."""
+        declared: dict[str, str] = {}
+        for options in self._hook.host_declare_options():
+            declared.update(cast("Mapping[str, str]", options))
+        return declared
 
     def host_configure(self) -> None:
         self._hook.host_configure.call_historic(kwargs={"host": self._host})

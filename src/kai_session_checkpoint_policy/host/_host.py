@@ -16,7 +16,7 @@ from ._hooks import HostHooks, HostPluginManager
 from .agent import DefaultPreStep
 from .invariants import InvariantRegistry
 from .llm import LlmRuntime
-from .sessions import SessionStore, epoch_ms
+from .sessions import HostStateError, SessionStore, epoch_ms
 from .tools import ToolRuntime
 
 if TYPE_CHECKING:
@@ -25,16 +25,20 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from ..persistence import SessionPersistence
+    from ..persistence.service import SessionPersistence
 
-__all__ = ["AUTOLOAD_ENV", "Host", "HostStateError"]
+__all__ = ["AUTOLOAD_ENV", "Host", "HostOptionError", "HostStateError", "PersistenceConflictError"]
 
 AUTOLOAD_ENV: Final = "KAI_DISABLE_PLUGIN_AUTOLOAD"
 """Set this environment variable to a non-empty value to skip entry-point plugins."""
 
 
-class HostStateError(RuntimeError):
-    """The host was used in a state that does not allow it (not open, or already closed)."""
+class HostOptionError(ValueError):
+    """A host option that no plugin of the host declares (usually a typing mistake)."""
+
+
+class PersistenceConflictError(RuntimeError):
+    """A second plugin tried to provide the host's ``session_persistence``."""
 
 
 class Host:
@@ -45,8 +49,12 @@ class Host:
     then from *plugins*, in that order. Open the host with ``async with`` before use: opening
     configures every plugin; closing unconfigures them and runs their cleanups.
 
-    *options* are free-form settings for plugins, such as ``"jsonl.root"`` for the JSONL
-    persistence backend loaded from its entry point.
+    *options* are settings for plugins, such as ``"jsonl.root"`` for the JSONL persistence
+    backend loaded from its entry point. Each must be declared by a plugin of the host (the
+    ``host_declare_options`` hook): an unknown one is an error when the host opens.
+
+    The host implements :class:`~kai_session_checkpoint_policy.contract.PluginHost`, for its
+    own :class:`~kai_session_checkpoint_policy.host.Session` type.
     """
 
     def __init__(
@@ -62,11 +70,11 @@ class Host:
         self.pm.add_hookspecs(hookspecs)
         self.hooks: Final = HostHooks(self.pm, self)
         self.options: Final[Mapping[str, object]] = dict(options or {})
-        self.sessions: Final = SessionStore(self.hooks, clock=clock)
+        self.sessions: Final = SessionStore(self.hooks, clock=clock, host=self)
         self.llm: Final = LlmRuntime(self.hooks)
         self.tools: Final = ToolRuntime(self.hooks)
         self.invariants: InvariantRegistry | None = InvariantRegistry()
-        self.session_persistence: SessionPersistence | None = None
+        self._session_persistence: SessionPersistence | None = None
         self._lifecycle: AsyncExitStack | None = None  # while open: closes everything in order
         self._stack: AsyncExitStack | None = None  # while open: the plugins' cleanups
         self._task_group: TaskGroup | None = None
@@ -80,13 +88,48 @@ class Host:
         for plugin in plugins:
             self.register(plugin)
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the host has been opened (``async with host``) and not yet closed."""
+        return self._lifecycle is not None and not self._closed
+
+    @property
+    def session_persistence(self) -> SessionPersistence | None:
+        """The persistence backend a plugin provided, or ``None``."""
+        return self._session_persistence
+
+    def provide_session_persistence(self, backend: SessionPersistence) -> None:
+        """Make *backend* the host's ``session_persistence``.
+
+        :raises PersistenceConflictError: if another backend already is, naming both.
+        """
+        current = self._session_persistence
+        if current is not None and current is not backend:
+            raise PersistenceConflictError(
+                f"{_describe(backend)} cannot be the host's session persistence: "
+                f"{_describe(current)} already is (load one persistence backend per host)"
+            )
+        self._session_persistence = backend
+
+    def withdraw_session_persistence(self, backend: SessionPersistence) -> None:
+        """Stop using *backend* as ``session_persistence``, if it is."""
+        if self._session_persistence is backend:
+            self._session_persistence = None
+
     def register(self, plugin: object, name: str | None = None) -> str:
-        """Register *plugin* (configured at once if the host is open); return its name."""
+        """Register *plugin* (configured at once if the host is open); return its name.
+
+        The name is *name*, else the plugin's ``name`` attribute, else its module's or its
+        class's qualified name (made unique on this host if it is taken).
+        """
         if self._closed:
             raise HostStateError("cannot register a plugin on a closed host")
-        registered = self.pm.register(plugin, name or getattr(plugin, "name", None))
+        chosen = name or getattr(plugin, "name", None) or _default_name(plugin)
+        if name is None and self.pm.get_plugin(chosen) is not None:
+            chosen = f"{chosen}#{len(self.pm.get_plugins())}"
+        registered = self.pm.register(plugin, chosen)
         if registered is None:
-            raise ValueError(f"plugin {name or plugin!r} is blocked on this host")
+            raise ValueError(f"plugin {chosen!r} is blocked on this host")
         return registered
 
     def unregister(self, plugin: object) -> None:
@@ -124,6 +167,7 @@ class Host:
         """
         if self._lifecycle is not None or self._closed:
             raise HostStateError("a host can be opened only once")
+        self._check_options()
         lifecycle = self._lifecycle = AsyncExitStack()
         try:
             self._task_group = await lifecycle.enter_async_context(_background_tasks())
@@ -135,6 +179,18 @@ class Host:
             await self._close(*sys.exc_info())
             raise
         return self
+
+    def _check_options(self) -> None:
+        """:raises HostOptionError: naming every option no plugin declares, and the declared."""
+        declared = self.hooks.host_declare_options()
+        unknown = sorted(set(self.options) - set(declared))
+        if unknown:
+            self._closed = True
+            known = ", ".join(sorted(declared)) or "none"
+            raise HostOptionError(
+                f"unknown host option{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))}: the plugins of this host declare {known}"
+            )
 
     async def __aexit__(
         self,
@@ -173,6 +229,19 @@ async def _exit_shielded(
     with anyio.CancelScope(shield=True):
         suppress = await stack.__aexit__(exc_type, exc, traceback)
     return bool(suppress)
+
+
+def _default_name(plugin: object) -> str:
+    """A readable name for a plugin without one: its module's name, or its class's."""
+    module_name = getattr(plugin, "__name__", None)
+    if isinstance(module_name, str) and isinstance(plugin, type(sys)):
+        return module_name
+    kind = type(plugin)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _describe(backend: object) -> str:
+    return repr(getattr(backend, "name", None) or backend)
 
 
 @asynccontextmanager

@@ -19,15 +19,26 @@ from __future__ import annotations
 import json
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ..cancellation import current_asyncio_task
+from ..contract import (
+    BlockEnd,
+    BlockStart,
+    Finish,
+    LlmRequest,
+    PreStepDecision,
+    ReasoningDelta,
+    StreamChunk,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from ..events import tool_result_data
 from ..hookspecs import hookimpl
 from ..results import aborted_before_dispatch, outcome_unknown
-from .llm import Finish, LlmRequest, TextDelta, ToolCallRequest
 from .signals import AbortController, AbortSignal
 from .tools import ToolExecution, error_message
 
@@ -40,7 +51,7 @@ if TYPE_CHECKING:
     from ._host import Host
     from .sessions import Session
 
-__all__ = ["Agent", "DefaultPreStep", "PreStep", "PreStepDecision", "TurnOutcome"]
+__all__ = ["Agent", "DefaultPreStep", "PreStep", "ToolCall", "TurnOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +65,13 @@ class PreStep:
 
 
 @dataclass(frozen=True, slots=True)
-class PreStepDecision:
-    """Whether to enter the step; a rejection ends the turn as ``blocked``."""
+class ToolCall:
+    """A tool call the model asked for: a ``tool-call`` block of its message."""
 
-    kind: Literal["enter", "reject"] = "enter"
-    reason: str = ""
+    id: str
+    name: str
+    arguments: str
+    """The raw JSON text the model produced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +171,7 @@ class Agent:
 
     async def _request(
         self, turn: int, step: int, step_calls: _StepCalls
-    ) -> tuple[str, list[ToolCallRequest]]:
+    ) -> tuple[str, list[ToolCall]]:
         session = self.session
         if not self._announced_route:
             has_header = any(event.type == "request/header" for event in session.events)
@@ -177,33 +190,30 @@ class Agent:
             tools=self.host.tools.names(),
             session_id=session.id,
         )
-        text: list[str] = []
-        calls: list[ToolCallRequest] = []
+        response = _Response()
         async with aclosing(self.host.llm.stream(request)) as stream:
             async for chunk in stream:
                 session.append(
                     "assistant/chunk", {"turn": turn, "step": step, "chunk": chunk.to_json()}
                 )
-                if isinstance(chunk, TextDelta):
-                    text.append(chunk.text)
-                elif isinstance(chunk, ToolCallRequest):
-                    calls.append(chunk)
-                elif isinstance(chunk, Finish):
+                if response.add(chunk):
                     break
-        content: list[JSON] = [{"type": "text", "text": "".join(text)}] if text else []
-        content += [call.to_json() for call in calls]
-        message = {
+        message: JSONObject = {
             "id": f"assistant-{turn}-{step}",
             "role": "assistant",
-            "content": content,
+            "content": response.content(),
             "source": {"kind": "model", "provider": self.provider, "model": self.model},
         }
-        session.append("assistant/message", {"turn": turn, "step": step, "message": message})
+        data: JSONObject = {"turn": turn, "step": step, "message": message}
+        if response.usage is not None:
+            data["usage"] = response.usage
+        session.append("assistant/message", data)
+        calls = response.tool_calls()
         step_calls.asked(calls)
-        return "".join(text), calls
+        return response.text(), calls
 
     async def _run_tools(
-        self, requested: list[ToolCallRequest], signal: AbortSignal, step_calls: _StepCalls
+        self, requested: list[ToolCall], signal: AbortSignal, step_calls: _StepCalls
     ) -> None:
         for batch in self._batches(requested):
             executions = [
@@ -218,9 +228,9 @@ class Agent:
             await self._execute_all(executions, step_calls)
             step_calls.answer_finished()
 
-    def _batches(self, calls: list[ToolCallRequest]) -> list[list[ToolCallRequest]]:
+    def _batches(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
         """Runs of concurrency-safe calls, and every other call alone, in model order."""
-        batches: list[list[ToolCallRequest]] = []
+        batches: list[list[ToolCall]] = []
         previous_safe = False
         for call in calls:
             tool = self.host.tools.get(call.name)
@@ -268,10 +278,10 @@ class _StepCalls:
         self._executions: dict[str, ToolExecution] = {}  # calls with a tool/call
         self._results: dict[str, ToolResult] = {}  # calls that finished, not yet answered
 
-    def asked(self, calls: Iterable[ToolCallRequest]) -> None:
+    def asked(self, calls: Iterable[ToolCall]) -> None:
         self._open += (call.id for call in calls)
 
-    def started(self, call: ToolCallRequest, execution: ToolExecution) -> ToolExecution:
+    def started(self, call: ToolCall, execution: ToolExecution) -> ToolExecution:
         """Append the ``tool/call`` of *call*, about to be dispatched as *execution*."""
         self._session.append(
             "tool/call",
@@ -309,6 +319,79 @@ class _StepCalls:
         self._session.append(
             "tool/result", tool_result_data(self._turn, self._step, call_id, result)
         )
+
+
+class _Response:
+    """The message a response stream makes, block by block.
+
+    A block's ``block-end`` is authoritative; a block that never ended (the stream stopped
+    early) is made of its deltas. Blocks keep the order in which they started.
+    """
+
+    __slots__ = ("_blocks", "_deltas", "_order", "usage")
+
+    def __init__(self) -> None:
+        self._order: list[int] = []
+        self._blocks: dict[int, JSONObject] = {}
+        self._deltas: dict[int, tuple[str, list[str], str, str]] = {}  # kind, texts, id, name
+        self.usage: JSONObject | None = None
+
+    def _start(self, index: int, kind: str, call_id: str = "", name: str = "") -> None:
+        if index not in self._deltas:
+            self._order.append(index)
+            self._deltas[index] = (kind, [], call_id, name)
+
+    def add(self, chunk: StreamChunk) -> bool:
+        """Take *chunk* into the message; return whether the response is finished."""
+        if isinstance(chunk, BlockStart):
+            self._start(chunk.index, chunk.block_type)
+        elif isinstance(chunk, (TextDelta, ReasoningDelta)):
+            self._start(chunk.index, "text" if isinstance(chunk, TextDelta) else "reasoning")
+            self._deltas[chunk.index][1].append(chunk.text)
+        elif isinstance(chunk, ToolCallDelta):
+            self._start(chunk.index, "tool-call")
+            texts, name = self._deltas[chunk.index][1], self._deltas[chunk.index][3]
+            texts.append(chunk.arguments_delta)
+            self._deltas[chunk.index] = ("tool-call", texts, chunk.id, chunk.name or name)
+        elif isinstance(chunk, BlockEnd):
+            self._start(chunk.index, str(chunk.block.get("type")))
+            self._blocks[chunk.index] = chunk.block
+        elif isinstance(chunk, Usage):
+            self.usage = chunk.usage
+        elif isinstance(chunk, Finish):
+            return True
+        return False
+
+    def content(self) -> list[JSON]:
+        content: list[JSON] = []
+        for index in self._order:
+            block = self._blocks.get(index)
+            if block is None:
+                kind, texts, call_id, name = self._deltas[index]
+                if kind == "tool-call":
+                    if not (call_id and name):
+                        continue  # a call whose id or name never came cannot be answered
+                    block = {"type": kind, "id": call_id, "name": name, "arguments": "".join(texts)}
+                elif texts:
+                    block = {"type": kind, "text": "".join(texts)}
+                else:
+                    continue
+            content.append(block)
+        return content
+
+    def text(self) -> str:
+        return "".join(
+            str(block["text"])
+            for block in self.content()
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+
+    def tool_calls(self) -> list[ToolCall]:
+        return [
+            ToolCall(str(block.get("id")), str(block.get("name")), str(block.get("arguments", "")))
+            for block in self.content()
+            if isinstance(block, dict) and block.get("type") == "tool-call"
+        ]
 
 
 def _user_message(turn: int, text: str) -> JSONObject:

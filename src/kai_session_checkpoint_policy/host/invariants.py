@@ -1,4 +1,4 @@
-"""The invariants registry: one active registration per package name."""
+"""The invariants registry: one active registration per package name, held by an owner."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ class InvariantRegistrationError(ValueError):
 class Registration:
     """An active claim on a package name; :meth:`release` gives the name back."""
 
-    __slots__ = ("_registry", "package")
+    __slots__ = ("_registry", "owner", "package")
 
-    def __init__(self, registry: InvariantRegistry, package: str) -> None:
+    def __init__(self, registry: InvariantRegistry, package: str, owner: object) -> None:
         self._registry: InvariantRegistry | None = registry
         self.package = package
+        self.owner = owner
 
     @property
     def active(self) -> bool:
@@ -40,8 +41,10 @@ class InvariantRegistry:
     def __init__(self) -> None:
         self._active: dict[str, Registration] = {}
 
-    def register(self, package: str, install: Callable[[], None] | None = None) -> Registration:
-        """Claim *package* and run its installer.
+    def register(
+        self, package: str, *, owner: object = None, install: Callable[[], None] | None = None
+    ) -> Registration:
+        """Claim *package* for *owner* and run its installer.
 
         :raises InvariantRegistrationError: if the name is empty, contains white space, or is
             already registered. If the installer raises, the name is released again and the
@@ -55,7 +58,7 @@ class InvariantRegistry:
             raise InvariantRegistrationError(
                 f'invariants: package "{package}" is already registered'
             )
-        registration = self._active[package] = Registration(self, package)
+        registration = self._active[package] = Registration(self, package, owner)
         if install is not None:
             try:
                 install()
@@ -63,6 +66,14 @@ class InvariantRegistry:
                 registration.release()
                 raise
         return registration
+
+    def release(self, package: str, *, owner: object = None) -> bool:
+        """Release *package* if *owner* holds it; return whether it did."""
+        registration = self._active.get(package)
+        if registration is None or registration.owner is not owner:
+            return False
+        registration.release()
+        return True
 
     def registered(self) -> tuple[str, ...]:
         """The names with an active registration, in registration order."""

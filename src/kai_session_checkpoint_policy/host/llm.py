@@ -2,76 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
-    from ..events import JSONObject
+    from ..contract import LlmRequest, StreamChunk
     from ..hookspecs import StreamThunk
     from ._hooks import HostHooks
 
-__all__ = [
-    "Finish",
-    "LlmRequest",
-    "LlmRuntime",
-    "ModelAdapter",
-    "StreamChunk",
-    "TextDelta",
-    "ToolCallRequest",
-    "UnknownProviderError",
-]
+__all__ = ["LlmRuntime", "ModelAdapter", "UnknownProviderError"]
 
 
-@dataclass(frozen=True, slots=True)
-class LlmRequest:
-    """One model request: the route, the transcript, and the session it belongs to."""
-
-    provider: str
-    model: str
-    messages: tuple[JSONObject, ...] = ()
-    tools: tuple[str, ...] = ()
-    session_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    """A piece of the assistant's text."""
-
-    text: str
-
-    def to_json(self) -> JSONObject:
-        return {"type": "text-delta", "text": self.text}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallRequest:
-    """The model asks for one tool call; ``arguments`` is the raw JSON text it produced."""
-
-    id: str
-    name: str
-    arguments: str = "{}"
-
-    def to_json(self) -> JSONObject:
-        return {"type": "tool-call", "id": self.id, "name": self.name, "arguments": self.arguments}
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    """The end of a response, and why it ended."""
-
-    reason: Literal["stop", "tool-calls", "max-tokens"]
-
-    def to_json(self) -> JSONObject:
-        return {"type": "finish", "reason": self.reason}
-
-
-StreamChunk: TypeAlias = "TextDelta | ToolCallRequest | Finish"
 ModelAdapter: TypeAlias = "Callable[[LlmRequest], AsyncGenerator[StreamChunk, None]]"
+"""A model adapter: called with a request, returns the stream of the response's chunks."""
 
 
 class UnknownProviderError(LookupError):

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
 from ..cancellation import checkpoint_if_cancelled
+from ..contract import SessionExistsError
 from ..events import SessionEvent, encode_data
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from ..hookspecs import FlushThunk
+    from ..persistence.service import SessionPersistence
     from ._hooks import HostHooks
 
-__all__ = ["Session", "SessionError", "SessionNotLiveError", "SessionStore", "epoch_ms"]
+__all__ = [
+    "HostStateError",
+    "Session",
+    "SessionError",
+    "SessionNotLiveError",
+    "SessionStore",
+    "epoch_ms",
+]
 
 
 def epoch_ms() -> int:
@@ -36,6 +45,19 @@ class SessionError(ValueError):
 
 class SessionNotLiveError(SessionError):
     """The session is not (or no longer) live in this store."""
+
+
+class HostStateError(RuntimeError):
+    """The host was used in a state that does not allow it (not open, or already closed)."""
+
+
+class _StoreHost(Protocol):
+    """What the store needs of its host."""
+
+    @property
+    def is_open(self) -> bool: ...
+    @property
+    def session_persistence(self) -> SessionPersistence | None: ...
 
 
 class Session:
@@ -95,26 +117,79 @@ class Session:
 
 
 class SessionStore:
-    """The live sessions of one host, and the single entry point for flushing them."""
+    """The live sessions of one host, and the single entry point for flushing them.
 
-    def __init__(self, hooks: HostHooks, *, clock: Callable[[], int] = epoch_ms) -> None:
+    Sessions are used while the host is open: creating, resuming or flushing one before (or
+    after) is a :class:`HostStateError`.
+    """
+
+    def __init__(
+        self, hooks: HostHooks, *, clock: Callable[[], int] = epoch_ms, host: _StoreHost
+    ) -> None:
         self._hooks = hooks
         self._clock = clock
+        self._host = host
         self._live: dict[str, Session] = {}
+
+    def _require_open(self) -> None:
+        if not self._host.is_open:
+            raise HostStateError("the host is not open: use its sessions inside 'async with host:'")
 
     def create(
         self, session_id: str | None = None, *, seed: Iterable[SessionEvent] = ()
     ) -> Session:
         """Create a live session, optionally seeded with an already durable log.
 
+        :raises SessionExistsError: if, without a *seed*, the persistence backend already has
+            a log for this id (:meth:`resume` continues it).
         :raises SessionError: if a live session already has this id.
         """
+        self._require_open()
         session_id = uuid.uuid4().hex if session_id is None else session_id
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
-        session = Session(session_id, seed, clock=self._clock, on_append=self._hooks.session_event)
+        persistence = self._host.session_persistence
+        events = tuple(seed)
+        if not events and persistence is not None and persistence.session_exists(session_id):
+            raise SessionExistsError(
+                f"session {session_id!r} already has a log in {persistence.name}: continue it "
+                f"with 'await host.sessions.resume({session_id!r})', which recovers it first"
+            )
+        session = Session(
+            session_id, events, clock=self._clock, on_append=self._hooks.session_event
+        )
         self._live[session_id] = session
         return session
+
+    async def resume(self, session_id: str) -> Session:
+        """Load a stored session with recovery, and return it live: its turns go on.
+
+        The repair recovery adds (closing a turn a crash left open) is durable before this
+        returns.
+
+        :raises HostStateError: if the host has no persistence backend.
+        :raises SessionError: if a live session already has this id.
+        :raises Exception: what the backend's ``load`` raises (an unknown session, a log that
+            is corrupt or locked by another process).
+        """
+        self._require_open()
+        persistence = self._host.session_persistence
+        if persistence is None:
+            raise HostStateError(
+                f"cannot resume session {session_id!r}: the host has no persistence backend"
+            )
+        if session_id in self._live:
+            raise SessionError(f"a live session {session_id!r} already exists")
+        stored = await persistence.load(session_id)
+        return self.create(session_id, seed=stored.events)
+
+    async def open(self, session_id: str) -> Session:
+        """:meth:`resume` the session if the persistence backend has it, else :meth:`create` it."""
+        self._require_open()
+        persistence = self._host.session_persistence
+        if persistence is not None and persistence.session_exists(session_id):
+            return await self.resume(session_id)
+        return self.create(session_id)
 
     def get(self, session_id: str) -> Session | None:
         """Return the live session with this id, or ``None``."""
@@ -155,6 +230,7 @@ class SessionStore:
         :return: whether any plugin took part.
         :raises SessionNotLiveError: if *session* is not live here; no plugin is called.
         """
+        self._require_open()
         if not self.is_live(session):
             raise SessionNotLiveError(f"session {session.id!r} is not live in this store")
         thunks = self._hooks.session_flush(session)

@@ -35,13 +35,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
 from ..cancellation import checkpoint_if_cancelled
+from ..contract import SessionExistsError
 from ..hookspecs import hookimpl
 from .errors import (
     InvalidSessionIdError,
@@ -72,9 +73,9 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from ..contract import PluginHost, SessionLogLike
     from ..events import SessionEvent
     from ..hookspecs import FlushThunk
-    from ..host import Host, Session
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
@@ -214,7 +215,7 @@ class _Writer:
         "write_seconds",
     )
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionLogLike) -> None:
         self.session = session
         self.session_id = session.id
         self.pending: list[SessionEvent] = []
@@ -298,18 +299,21 @@ class JsonlSessionPersistence:
     # -- plugin hooks ---------------------------------------------------------------------------
 
     @hookimpl
-    def host_configure(self, host: Host) -> None:
-        host.session_persistence = self
+    def host_configure(self, host: PluginHost[Any]) -> None:
+        host.provide_session_persistence(self)
         self._task_group = host.task_group
         host.add_cleanup(self.aclose)
 
     @hookimpl
-    def host_unconfigure(self, host: Host) -> None:
-        if host.session_persistence is self:
-            host.session_persistence = None
+    def host_unconfigure(self, host: PluginHost[Any]) -> None:
+        host.withdraw_session_persistence(self)
+
+    def session_exists(self, session_id: str) -> bool:
+        """Whether a log for *session_id* is stored under the root (one ``lstat``)."""
+        return _exists(self._directory(session_id) / LOG_NAME)
 
     @hookimpl
-    def session_event(self, session: Session, event: SessionEvent) -> None:
+    def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
         writer = self._writers.get(session.id)
         if writer is None:
             writer = self._writers[session.id] = _Writer(session)
@@ -319,7 +323,7 @@ class JsonlSessionPersistence:
             self._open_window(writer)
 
     @hookimpl
-    def session_detach(self, session: Session) -> None:
+    def session_detach(self, session: SessionLogLike) -> None:
         """Release what the session holds here once what it admitted is written.
 
         A session with nothing queued and no write in flight is released at once (after
@@ -335,7 +339,7 @@ class JsonlSessionPersistence:
         elif self._task_group is not None:  # else the backend is closing, and drains it
             self._task_group.start_soon(self._retire, writer, session)
 
-    async def _retire(self, writer: _Writer, session: Session) -> None:
+    async def _retire(self, writer: _Writer, session: SessionLogLike) -> None:
         try:
             await self._flush(writer)
         except Exception:
@@ -377,7 +381,7 @@ class JsonlSessionPersistence:
             self._task_group.start_soon(self._window_timer, writer, writer.timer)
 
     @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk | None:
+    def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
         writer = self._writers.get(session.id)
         if writer is None:
             return None
@@ -621,6 +625,12 @@ class JsonlSessionPersistence:
             self._reopen(log, writer.session_id)
         elif log.suspect:
             self._verify(log, writer.session_id)
+        if log.count and batch[0].seq == 0:  # another process created the session meanwhile
+            raise SessionExistsError(
+                f"session {writer.session_id!r} already has a log of {log.count} events "
+                f"at {log.path}; a new session cannot write over it: continue it with "
+                f"'await host.sessions.resume({writer.session_id!r})'"
+            )
         seqs = [event.seq for event in batch]
         if seqs != list(range(log.count, log.count + len(seqs))):
             index, seq = next((i, seq) for i, seq in enumerate(seqs) if seq != log.count + i)

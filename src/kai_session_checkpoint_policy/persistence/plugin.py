@@ -1,20 +1,27 @@
 """Entry point ``session-persistence-jsonl``: a JSONL backend configured from host options.
 
-A host opened with the option ``"jsonl.root"`` gets a :class:`JsonlSessionPersistence` under
-that directory; ``"jsonl.batch_window"`` (seconds) sets its batch window and
+A host opened with the option ``"jsonl.root"`` (a path) gets a
+:class:`~kai_session_checkpoint_policy.persistence.JsonlSessionPersistence` under that
+directory; ``"jsonl.batch_window"`` (seconds) sets its batch window and
 ``"jsonl.inline_write_limit"`` (seconds) its inline write limit. Without the root option this
-plugin does nothing.
+plugin does nothing, and imports nothing more.
+
+It needs only what :class:`~kai_session_checkpoint_policy.contract.PluginHost` declares.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+import os
+from typing import TYPE_CHECKING, Any, Final
 
 from ..hookspecs import hookimpl
-from .jsonl import DEFAULT_BATCH_WINDOW, DEFAULT_INLINE_WRITE_LIMIT, JsonlSessionPersistence
 
 if TYPE_CHECKING:
-    from ..host import Host
+    from collections.abc import Mapping
+
+    from ..contract import PluginHost
+
+__all__ = ["INLINE_OPTION", "ROOT_OPTION", "WINDOW_OPTION", "name"]
 
 name: Final = "session-persistence-jsonl"
 ROOT_OPTION: Final = "jsonl.root"
@@ -23,20 +30,34 @@ INLINE_OPTION: Final = "jsonl.inline_write_limit"
 
 
 @hookimpl
-def host_configure(host: Host) -> None:
-    root = host.options.get(ROOT_OPTION)
+def host_declare_options() -> Mapping[str, str]:
+    return {
+        ROOT_OPTION: "the directory of the JSONL session logs (loads the JSONL backend)",
+        WINDOW_OPTION: "seconds an event may wait for a background batch (default 0.2)",
+        INLINE_OPTION: "seconds a write may take to stay on the event loop's thread (0.002)",
+    }
+
+
+@hookimpl
+def host_configure(host: PluginHost[Any]) -> None:
+    options = host.options
+    root = options.get(ROOT_OPTION)
     if root is None:
         return
-    if not isinstance(root, str):
-        raise TypeError(f"host option {ROOT_OPTION!r} must be a path string, not {root!r}")
-    window = _seconds(host, WINDOW_OPTION, DEFAULT_BATCH_WINDOW)
-    limit = _seconds(host, INLINE_OPTION, DEFAULT_INLINE_WRITE_LIMIT)
-    backend = JsonlSessionPersistence(root, batch_window=window, inline_write_limit=limit)
-    host.register(backend, name=f"{name}:{root}")
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"host option {ROOT_OPTION!r} must be a path, not {root!r}")
+    from .jsonl import DEFAULT_BATCH_WINDOW, DEFAULT_INLINE_WRITE_LIMIT, JsonlSessionPersistence
+
+    backend = JsonlSessionPersistence(
+        os.fspath(root),
+        batch_window=_seconds(options, WINDOW_OPTION, DEFAULT_BATCH_WINDOW),
+        inline_write_limit=_seconds(options, INLINE_OPTION, DEFAULT_INLINE_WRITE_LIMIT),
+    )
+    host.register(backend, name=f"{name}:{backend.root}")
 
 
-def _seconds(host: Host, option: str, default: float) -> float:
-    value = host.options.get(option, default)
-    if not isinstance(value, (int, float)):
+def _seconds(options: Mapping[str, object], option: str, default: float) -> float:
+    value = options.get(option, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"host option {option!r} must be seconds, not {value!r}")
     return value

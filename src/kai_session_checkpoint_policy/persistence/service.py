@@ -20,6 +20,10 @@ class SessionPersistence(Protocol):
     @property
     def name(self) -> str: ...
 
+    def session_exists(self, session_id: str) -> bool:
+        """Whether the backend has a stored log for *session_id*; answers at once."""
+        ...
+
     async def load(self, session_id: str) -> StoredLog:
         """Read a session's log with crash recovery, making the repair durable."""
         ...

@@ -1,0 +1,201 @@
+"""Human-readable output: one line per event, with colour only where it is wanted.
+
+Event data, session ids and paths are untrusted text (tool output is often web content): every
+piece of it goes through :func:`printable`, which shows control characters escaped, so output
+never moves the cursor, forges a line or fails on a lone surrogate. The command line and the
+demo both print with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Final, TextIO
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .events import JSON, SessionEvent
+
+__all__ = ["Console", "compact", "describe", "event_line", "format_time", "printable"]
+
+
+@dataclass
+class Console:
+    """Where human-readable output goes, with colour only on a terminal that wants it.
+
+    Colour is used when *stream* is a terminal, ``NO_COLOR`` is unset or empty, and ``TERM``
+    is not ``dumb``.
+    """
+
+    stream: TextIO
+    color: bool = False
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> Console:
+        wants_color = (
+            stream.isatty()
+            and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM", "") != "dumb"
+        )
+        return cls(stream, wants_color)
+
+    def _paint(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.color else text
+
+    def bold(self, text: str) -> str:
+        return self._paint("1", text)
+
+    def dim(self, text: str) -> str:
+        return self._paint("2", text)
+
+    def good(self, text: str) -> str:
+        return self._paint("32", text)
+
+    def bad(self, text: str) -> str:
+        return self._paint("31", text)
+
+    def note(self, text: str) -> str:
+        return self._paint("33", text)
+
+    def line(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+_UNPRINTABLE: Final = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+"""C0 and C1 controls, DEL, line and paragraph separators, bidi embeddings, overrides and
+isolates, and lone surrogates."""
+
+
+def printable(text: str) -> str:
+    """*text* with every control character escaped visibly, as Python writes it (``\\x1b``).
+
+    Escapes what could move the cursor, erase or forge a line, set the terminal's title, or
+    reorder what follows (C0 and C1 controls, DEL, U+2028, U+2029, U+202A-U+202E and
+    U+2066-U+2069), and lone surrogates, which no UTF-8 output can encode. Every piece of
+    untrusted text (event data and types, session ids, paths) goes through it before it is
+    printed.
+    """
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode(), text)
+
+
+def _shorten(text: str, limit: int = 72) -> str:
+    text = " ".join(printable(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def compact(value: JSON) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _texts(content: JSON) -> list[str]:
+    """The texts of a message's content blocks, nested tool-result blocks included."""
+    found: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict):
+                text = block.get("text")
+                if isinstance(text, str):
+                    found.append(text)
+                found += _texts(block.get("content"))
+    return found
+
+
+def _message(data: dict[str, JSON]) -> dict[str, JSON]:
+    message = data.get("message")
+    return message if isinstance(message, dict) else {}
+
+
+def describe(event: SessionEvent) -> str:
+    """A one-line human summary of *event*'s data, :func:`printable`."""
+    return _shorten(_summary(event))
+
+
+def _summary(event: SessionEvent) -> str:
+    data = event.data
+    kind = event.type
+    if kind == "turn/start":
+        return f"turn {data.get('turn')}"
+    if kind in ("step/start", "step/end"):
+        return f"turn {data.get('turn')}, step {data.get('step')}"
+    if kind == "turn/end":
+        reason = data.get("reason")
+        what = reason.get("kind") if isinstance(reason, dict) else reason
+        text = f"turn {data.get('turn')}: {what}"
+        error = reason.get("error") if isinstance(reason, dict) else None
+        if isinstance(error, dict):
+            text += f" ({error.get('message')})"
+        return text
+    if kind == "user/message":
+        return repr(" ".join(_texts(data.get("content"))))
+    if kind == "request/header":
+        header = data.get("header")
+        config = header.get("config") if isinstance(header, dict) else None
+        route = (
+            f"{config.get('provider')}/{config.get('model')}" if isinstance(config, dict) else "?"
+        )
+        return f"{route} ({data.get('reason')})"
+    if kind == "request/context":
+        return f"{data.get('provider')}/{data.get('model')}"
+    if kind == "assistant/chunk":
+        chunk = data.get("chunk")
+        if isinstance(chunk, dict):
+            if chunk.get("type") == "tool-call":
+                return f"tool-call {chunk.get('name')}({chunk.get('arguments')})"
+            if chunk.get("type") == "text-delta":
+                return f"text {chunk.get('text')!r}"
+            if chunk.get("type") == "finish":
+                return f"finish ({chunk.get('reason')})"
+        return compact(chunk)
+    if kind == "assistant/message":
+        content = _message(data).get("content")
+        parts: list[str] = []
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool-call":
+                parts.append(f"asks for {block.get('name')} [{block.get('id')}]")
+            elif isinstance(block, dict) and block.get("type") == "text":
+                parts.append(repr(block.get("text")))
+        return "; ".join(parts) or "(empty)"
+    if kind == "tool/call":
+        return f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]"
+    if kind == "tool/result":
+        message = _message(data)
+        source = message.get("source")
+        call_id = source.get("callId") if isinstance(source, dict) else "?"
+        error = data.get("error")
+        status = "ok"
+        if isinstance(error, dict):
+            status = f"error {error.get('code')}"
+        else:
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else []
+            if any(isinstance(block, dict) and block.get("isError") for block in blocks):
+                status = "error"
+        return f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}"
+    return compact(data)
+
+
+def event_line(
+    console: Console,
+    event: SessionEvent,
+    mark: str = " ",
+    paint: Callable[[str], str] | None = None,
+) -> str:
+    """One event as a line: *mark*, seq, type and :func:`describe`, each part *paint*-ed."""
+    paint = paint or str
+    return (
+        paint(f"{mark}{event.seq:>4}  ")
+        + console.bold(paint(f"{printable(event.type):<17}"))
+        + paint(f" {describe(event)}")
+    )
+
+
+def format_time(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
