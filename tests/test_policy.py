@@ -355,8 +355,8 @@ def test_l2_keeps_the_entry_point_plugin_shape() -> None:
     callers = host.pm.get_hookcallers(policy) or []
     assert sorted(caller.name for caller in callers) == [
         "agent_pre_step",
-        "host_configure",
         "host_declare_options",
+        "host_opened",
         "llm_stream",
         "tools_execute",
     ]

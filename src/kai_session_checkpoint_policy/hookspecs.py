@@ -90,6 +90,19 @@ def host_configure(host: HostServices[Any]) -> None:
 
 
 @hookspec
+def host_opened(host: HostServices[Any]) -> None:
+    """Check what the host offers, now that it is open and every plugin is configured.
+
+    :param host: The host that was opened.
+
+    Called once, after ``host_configure`` has been called for every plugin registered by then,
+    and before the host is used. A plugin that needs services other plugins provide (the
+    policy needs a persistence backend) looks for them here, whatever the order in which the
+    plugins were configured.
+    """
+
+
+@hookspec
 def host_unconfigure(host: HostServices[Any]) -> None:
     """Release per-host resources.
 

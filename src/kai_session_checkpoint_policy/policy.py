@@ -70,8 +70,8 @@ def host_declare_options() -> Mapping[str, str]:
     return {REQUIRE_OPTION: "refuse to open a host whose checkpoints cannot make anything durable"}
 
 
-@hookimpl(trylast=True)  # after the plugins that provide the services, a backend above all
-def host_configure(host: HostServices[Any]) -> None:
+@hookimpl
+def host_opened(host: HostServices[Any]) -> None:
     missing = _missing(host)
     if not missing:
         return

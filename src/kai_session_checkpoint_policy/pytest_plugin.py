@@ -97,6 +97,9 @@ class FlushRecorder:
         self.plugin: Final = _recorder_plugin(self)
         """The pluggy plugin to register on a host."""
 
+    def __repr__(self) -> str:
+        return f"<FlushRecorder of {len(self.flushes)} flushes>"
+
     def hold(self) -> Gate:
         """Make every later flush wait, after it started, until the returned gate is released."""
         gate = self._gate = Gate()
@@ -134,7 +137,7 @@ def _recorder_plugin(recorder: FlushRecorder) -> object:
     class FlushRecorderPlugin:
         name = recorder.name
 
-        @hookimpl
+        @hookimpl(trylast=True)  # a real backend configured at the same time comes first
         def host_configure(self, host: PluginHost[Session]) -> None:
             if host.session_persistence is None:
                 host.provide_session_persistence(recorder)

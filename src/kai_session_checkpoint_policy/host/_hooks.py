@@ -71,6 +71,9 @@ class HostHooks:
     def host_configure(self) -> None:
         self._hook.host_configure.call_historic(kwargs={"host": self._host})
 
+    def host_opened(self) -> None:
+        self._hook.host_opened(host=self._host)
+
     def host_unconfigure(self, plugin: object | None = None) -> None:
         """Unconfigure every plugin, or only *plugin*."""
         if plugin is None:

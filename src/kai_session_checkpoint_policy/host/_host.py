@@ -175,6 +175,7 @@ class Host:
             lifecycle.push_async_exit(partial(_exit_shielded, cleanups))
             lifecycle.callback(self.hooks.host_unconfigure)
             self.hooks.host_configure()
+            self.hooks.host_opened()
         except BaseException:
             await self._close(*sys.exc_info())
             raise
@@ -241,7 +242,7 @@ def _default_name(plugin: object) -> str:
 
 
 def _describe(backend: object) -> str:
-    return repr(getattr(backend, "name", None) or backend)
+    return repr(backend)
 
 
 @asynccontextmanager
