@@ -234,9 +234,9 @@ def test_inspect_marks_the_repair_it_would_add(
     assert "TOOL_OUTCOME_UNKNOWN" not in stored
     repair_lines = repair.splitlines()[1:]
     assert [line.split()[:3] for line in repair_lines] == [
-        ["+", "9", "tool/result"],
-        ["+", "10", "step/end"],
-        ["+", "11", "turn/end"],
+        ["+", "11", "tool/result"],
+        ["+", "12", "step/end"],
+        ["+", "13", "turn/end"],
     ]
     assert "TOOL_OUTCOME_UNKNOWN" in repair_lines[0]
 
@@ -245,7 +245,7 @@ def test_inspect_marks_the_repair_it_would_add(
     records = json_lines(out)
     stored_events = [record for record in records if "repair" not in record]
     pending = [record["repair"] for record in records if "repair" in record]
-    assert [event["seq"] for event in stored_events] == list(range(9))
+    assert [event["seq"] for event in stored_events] == list(range(11))
     assert [event["type"] for event in pending] == [
         "tool/result",
         "step/end",

@@ -11,15 +11,17 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 import anyio
 import pytest
 
-from kai_session_checkpoint_policy import PROJECT, hookspecs
+from kai_session_checkpoint_policy import PROJECT, contract, hookspecs
 from kai_session_checkpoint_policy.cli import main as cli_main
 from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 from kai_session_checkpoint_policy.persistence import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
+
+from . import doc_snippets
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EXAMPLES = DOCS / "examples"
 PAGES = sorted(DOCS.glob("*.md"))
-
-INCLUDE = re.compile(r"^```\{(?:literalinclude|include)\} (\S+)$", re.MULTILINE)
 
 
 def hook_signatures() -> dict[str, str]:
@@ -71,32 +71,70 @@ def test_no_heading_documents_a_hook_that_does_not_exist() -> None:
 
 
 # -------------------------------------------------------------------------------------------
-# Snippets come from example files
+# What a host must offer
+# -------------------------------------------------------------------------------------------
+
+
+def protocol_members(protocol: type) -> set[str]:
+    """The members a Protocol declares, its base Protocols' included."""
+    members: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass in (object, Generic, Protocol) or klass.__module__ == "typing":
+            continue
+        members |= {name for name in vars(klass) if not name.startswith("_")}
+        members |= set(getattr(klass, "__annotations__", {}))
+    return members
+
+
+def test_writing_a_host_lists_every_member_of_every_protocol() -> None:
+    page = (DOCS / "writing-a-host.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| (.+) \|$", page, re.MULTILINE)
+    listed = {name: set(re.findall(r"`(\w+)`", members)) for name, members in rows}
+    protocols = {
+        name: value
+        for name, value in vars(contract).items()
+        if isinstance(value, type)
+        and getattr(value, "_is_protocol", False)
+        and value.__module__ == contract.__name__
+    }
+    assert set(listed) == set(protocols)
+    for name, protocol in protocols.items():
+        declared = protocol_members(protocol)
+        shown = listed[name]
+        if "the above" in dict(rows)[name]:  # a Protocol that extends the one listed before it
+            shown |= set().union(
+                *(listed[base.__name__] for base in protocol.__bases__ if base.__name__ in listed)
+            )
+        assert shown == declared, name
+
+
+# -------------------------------------------------------------------------------------------
+# Code blocks are the example files that run here
 # -------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
-def test_no_python_is_written_inline(page: Path) -> None:
-    assert not re.search(r"^```(python|py)\b", page.read_text(), re.MULTILINE), (
-        f"{page.name}: include Python from docs/examples instead"
+def test_every_code_block_shows_its_example_file_exactly(page: Path) -> None:
+    assert doc_snippets.rendered(page) == page.read_text(), (
+        f"{page.name}: a code block differs from its example; run python tests/doc_snippets.py"
     )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
-def test_every_include_names_an_existing_file(page: Path) -> None:
-    for target in INCLUDE.findall(page.read_text()):
-        assert (page.parent / target).is_file(), f"{page.name} includes missing {target}"
+def test_code_reads_as_code_on_a_code_hosting_site(page: Path) -> None:
+    text = page.read_text()
+    assert "{literalinclude}" not in text
+    blocks = re.findall(r"^```(\w+)\n", text, re.MULTILINE)
+    marked = len(doc_snippets.MARKER.findall(text))
+    python = [language for language in blocks if language in ("python", "py")]
+    assert len(python) <= marked, f"{page.name}: Python written inline, not from docs/examples"
 
 
 def test_every_example_is_shown_and_run() -> None:
-    included = {
-        (page.parent / target).resolve()
-        for page in PAGES
-        for target in INCLUDE.findall(page.read_text())
-    }
+    shown = set().union(*(doc_snippets.sources(page) for page in PAGES))
     examples = {path.resolve() for path in EXAMPLES.iterdir() if path.is_file()}
-    generators = {EXAMPLES / "sample_log.py"}  # shown through the logs it writes
-    assert examples - included - {path.resolve() for path in generators} == set()
+    generators = {(EXAMPLES / "sample_log.py").resolve()}  # shown through the logs it writes
+    assert examples - shown - generators == set()
     tested = {"quickstart.py", "entry_points.py", "hooks.py", "recovery.py", "sample_log.py"}
     tested |= {"timeline.py", "test_host_fixtures.py"}
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
@@ -119,11 +157,21 @@ def _inspect_json(root: Path, session_id: str, capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.usefixtures("no_autoload")
-def test_quickstart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    anyio.run(example("quickstart.py")["main"], str(tmp_path))
-    assert "Invoice 1042 is paid" in capsys.readouterr().out
+def test_quickstart_run_twice_resumes_the_session(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main = example("quickstart.py")["main"]
+    anyio.run(main, str(tmp_path))
+    first = capsys.readouterr().out
+    assert "send_payment moved 120.00 EUR" in first
+    assert "Invoice 1042 is paid" in first
+    anyio.run(main, str(tmp_path))  # the same root: the session is resumed
+    second = capsys.readouterr().out
+    assert "send_payment moved" not in second  # the model saw the first turn's payment
+    assert second.startswith("Invoice 1042 is paid")
     events = _inspect_json(tmp_path, "invoice-1042", capsys)
-    assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "completed"}}
+    ends = [event["data"] for event in events if event["type"] == "turn/end"]
+    assert ends == [{"turn": turn, "reason": {"kind": "completed"}} for turn in (1, 2)]
 
 
 def test_entry_points(
@@ -149,7 +197,7 @@ def test_hook_examples(capsys: pytest.CaptureFixture[str]) -> None:
 def test_recovery_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(example("recovery.py")["main"], tmp_path)
     out = capsys.readouterr().out
-    assert "recovery added 9 tool/result" in out
+    assert "recovery added 11 tool/result" in out
     assert "TOOL_OUTCOME_UNKNOWN" in out
     events = _inspect_json(tmp_path, "invoice-1042", capsys)
     assert [event["seq"] for event in events] == list(range(len(events)))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -25,15 +26,15 @@ from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_pay
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Generator
+    from collections.abc import AsyncGenerator, Generator, Mapping
 
     from kai_session_checkpoint_policy import (
         HostServices,
-        LlmRequest,
-        PreStep,
-        Session,
+        ModelRequestLike,
+        PreStepLike,
+        SessionLike,
         StreamChunk,
-        ToolExecution,
+        ToolCallLike,
         ToolResult,
     )
     from kai_session_checkpoint_policy.hookspecs import (
@@ -50,15 +51,30 @@ class HostLifetime:
     name = "example-host-lifetime"
 
     def __init__(self) -> None:
-        self.open_hosts: list[HostServices] = []
+        self.open_hosts: list[HostServices[Any]] = []
 
     @hookimpl
-    def host_configure(self, host: HostServices) -> None:
+    def host_configure(self, host: HostServices[Any]) -> None:
         self.open_hosts.append(host)  # acquire: open a file, a connection, a pool...
 
     @hookimpl
-    def host_unconfigure(self, host: HostServices) -> None:
+    def host_unconfigure(self, host: HostServices[Any]) -> None:
         self.open_hosts.remove(host)  # release what host_configure acquired
+
+
+class AuditLog:
+    """Declares the host option it reads; warns at open if the host cannot persist."""
+
+    name = "example-audit-log"
+
+    @hookimpl
+    def host_declare_options(self) -> Mapping[str, str]:
+        return {"audit.enabled": "record every tool call in an audit log"}
+
+    @hookimpl
+    def host_opened(self, host: HostServices[Any]) -> None:
+        if host.session_persistence is None:  # every plugin is configured by now
+            warnings.warn("audit log: the host has no persistence backend", stacklevel=2)
 
 
 class ChunkCounter:
@@ -71,7 +87,7 @@ class ChunkCounter:
 
     @hookimpl(wrapper=True)
     def llm_stream(
-        self, request: LlmRequest, host: HostServices
+        self, request: ModelRequestLike, host: HostServices[Any]
     ) -> Generator[None, StreamThunk, StreamThunk]:
         downstream = yield  # the thunk of everything inside this wrapper
         session_id = request.session_id or "(no session)"
@@ -95,14 +111,14 @@ class DryRun:
 
     @hookimpl(wrapper=True)
     def tools_execute(
-        self, execution: ToolExecution, host: HostServices
+        self, execution: ToolCallLike[Any], host: HostServices[Any]
     ) -> Generator[None, ToolThunk, ToolThunk]:
         downstream = yield
-        if execution.name not in self.tools:
+        if getattr(execution, "name", None) not in self.tools:
             return downstream
 
         async def refused() -> ToolResult:
-            return error_result(f"dry run: {execution.name} was not called")
+            return error_result(f"dry run: {getattr(execution, 'name', '?')} was not called")
 
         return refused
 
@@ -117,10 +133,10 @@ class StepBudget:
 
     @hookimpl(wrapper=True)
     def agent_pre_step(
-        self, step: PreStep, host: HostServices
+        self, step: PreStepLike[Any], host: HostServices[Any]
     ) -> Generator[None, PreStepThunk, PreStepThunk]:
         downstream = yield
-        if step.step <= self.max_steps:
+        if getattr(step, "step", 1) <= self.max_steps:  # the reference host's PreStep has it
             return downstream
 
         async def reject() -> PreStepDecision:
@@ -139,11 +155,11 @@ class MemoryMirror:
         self.kept: dict[str, list[SessionEvent]] = {}
 
     @hookimpl
-    def session_event(self, session: Session, event: SessionEvent) -> None:
+    def session_event(self, session: SessionLike, event: SessionEvent) -> None:
         self.queued.setdefault(session.id, []).append(event)  # never block in here
 
     @hookimpl
-    def session_flush(self, session: Session) -> FlushThunk | None:
+    def session_flush(self, session: SessionLike) -> FlushThunk | None:
         if not self.queued.get(session.id):
             return None  # nothing to flush: take no part
 
@@ -157,8 +173,9 @@ class MemoryMirror:
 async def main() -> None:
     lifetime, counter, mirror = HostLifetime(), ChunkCounter(), MemoryMirror()
     with tempfile.TemporaryDirectory() as root:
-        plugins = [JsonlSessionPersistence(root), policy, lifetime, counter, mirror]
-        async with Host(plugins, autoload=False) as host:
+        plugins = [JsonlSessionPersistence(root), policy, lifetime, counter, mirror, AuditLog()]
+        options = {"audit.enabled": True}
+        async with Host(plugins, autoload=False, options=options) as host:
             assert lifetime.open_hosts == [host]
             host.llm.register_adapter(PROVIDER, ScriptedModel())
             host.tools.register(make_payment_tool(announce=lambda text: None))
@@ -166,7 +183,7 @@ async def main() -> None:
             await Agent(host, session, provider=PROVIDER, model="demo").run_turn("Pay 1042.")
             await host.sessions.flush(session)
         assert lifetime.open_hosts == []
-        assert counter.chunks["hooks"] == 4  # two responses of two chunks each
+        assert counter.chunks["hooks"] == 8  # a tool-call block, then a text block, each 3 + finish
         assert mirror.kept["hooks"] == list(session.events)
 
     async with Host([DryRun({"send_payment"}), StepBudget(max_steps=1)], autoload=False) as host:

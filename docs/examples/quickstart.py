@@ -3,6 +3,9 @@
 Run it with a directory for the session logs, or without one to use a temporary directory::
 
     python docs/examples/quickstart.py [ROOT]
+
+Run it again with the same directory: the session is resumed, and the turn sees the first one's
+transcript.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ async def main(root: str) -> None:
     async with Host([JsonlSessionPersistence(root), policy, invariant], autoload=False) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool())
-        session = host.sessions.create("invoice-1042")
+        session = await host.sessions.open("invoice-1042")  # resumed if it is on disk
         agent = Agent(host, session, provider=PROVIDER, model="demo")
         print((await agent.run_turn("Please pay invoice 1042.")).text)
         await host.sessions.flush(session)  # the loop does not flush at the end of a turn

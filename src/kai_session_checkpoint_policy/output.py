@@ -112,6 +112,37 @@ def _message(data: dict[str, JSON]) -> dict[str, JSON]:
     return message if isinstance(message, dict) else {}
 
 
+def _block(block: JSON) -> str:
+    if not isinstance(block, dict):
+        return compact(block)
+    if block.get("type") == "tool-call":
+        return f"tool-call {block.get('name')}({block.get('arguments')}) [{block.get('id')}]"
+    if block.get("type") in ("text", "reasoning"):
+        return f"{block.get('type')} {block.get('text')!r}"
+    return compact(block)
+
+
+def _chunk(chunk: dict[str, JSON]) -> str:
+    """One stream chunk, in the shapes of ``contract.StreamChunk``."""
+    kind, index = chunk.get("type"), chunk.get("index")
+    if kind == "block-start":
+        return f"block {index} starts: {chunk.get('blockType')}"
+    if kind in ("text-delta", "reasoning-delta"):
+        return f"block {index}: {chunk.get('text')!r}"
+    if kind == "tool-call-delta":
+        return f"block {index}: {chunk.get('name') or ''} {chunk.get('argumentsDelta')!r}"
+    if kind == "block-end":
+        return f"block {index} ends: {_block(chunk.get('block'))}"
+    if kind == "usage":
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            return "usage " + ", ".join(f"{key} {value}" for key, value in usage.items())
+    if kind == "finish":
+        reason = chunk.get("reason")
+        return f"finish ({reason.get('kind') if isinstance(reason, dict) else reason})"
+    return compact(chunk)
+
+
 def describe(event: SessionEvent) -> str:
     """A one-line human summary of *event*'s data, :func:`printable`."""
     return _shorten(_summary(event))
@@ -145,14 +176,7 @@ def _summary(event: SessionEvent) -> str:
         return f"{data.get('provider')}/{data.get('model')}"
     if kind == "assistant/chunk":
         chunk = data.get("chunk")
-        if isinstance(chunk, dict):
-            if chunk.get("type") == "tool-call":
-                return f"tool-call {chunk.get('name')}({chunk.get('arguments')})"
-            if chunk.get("type") == "text-delta":
-                return f"text {chunk.get('text')!r}"
-            if chunk.get("type") == "finish":
-                return f"finish ({chunk.get('reason')})"
-        return compact(chunk)
+        return _chunk(chunk) if isinstance(chunk, dict) else compact(chunk)
     if kind == "assistant/message":
         content = _message(data).get("content")
         parts: list[str] = []
