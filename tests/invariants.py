@@ -16,13 +16,14 @@ from kai_session_checkpoint_policy import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from kai_session_checkpoint_policy.persistence import StoredLog
+    from kai_session_checkpoint_policy.persistence import CorruptLogError, StoredLog
 
 __all__ = [
     "Expected",
     "check_recovery",
     "decode_event",
     "dispatch_problems",
+    "refusal_problems",
     "transcript_problems",
 ]
 
@@ -185,6 +186,31 @@ def check_recovery(
         problems.append("a second load did not find the log")
     elif reloaded.events != events or reloaded.repair:
         problems.append("recovery is not idempotent: a second load gives another log")
+    return problems
+
+
+def refusal_problems(
+    refused: CorruptLogError, stored: bytes, left: bytes | None, expected: Expected
+) -> list[str]:
+    """Why refusing a crashed log as corrupt broke a promise; empty if the refusal keeps them.
+
+    Without checksums, damage followed by a complete record (sectors of an unacknowledged batch
+    persisted out of order) cannot be told from damage inside the log, and is refused rather
+    than cut. That is acceptable only if no acknowledged event is lost or misreported: the
+    named line comes after every acknowledged event, every line before it is exactly the event
+    written there, and the log (*stored* before the load, *left* after) is left as it was.
+    """
+    problems: list[str] = []
+    if refused.line - 2 < expected.acknowledged:
+        problems.append(
+            f"refused at seq {refused.line - 2}, but {expected.acknowledged} events were "
+            f"acknowledged: {refused}"
+        )
+    lines = stored.split(b"\n")[1 : refused.line - 1]
+    if [decode_event(line.decode()) for line in lines] != list(expected.written[: len(lines)]):
+        problems.append(f"the lines before the refused one are not the events written: {refused}")
+    if left != stored:
+        problems.append(f"the refusal changed the log: {refused}")
     return problems
 
 

@@ -36,7 +36,8 @@ Keeping it honest (:class:`RecordingOs`)
 
 Recovering images (:class:`Explorer`, :func:`explore`)
     Every image is recovered by a fresh backend on a layer holding it, loaded again after a
-    second power loss, and checked with :func:`~.invariants.check_recovery`.
+    second power loss, and checked with :func:`~.invariants.check_recovery`; a log refused as
+    corrupt instead is checked with :func:`~.invariants.refusal_problems`.
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ from kai_session_checkpoint_policy.persistence import (
     OsFiles,
     SessionNotFoundError,
     StoredLog,
+    encode_session_id,
 )
+from kai_session_checkpoint_policy.persistence.format import LOG_NAME
 
 from .crash_child import MemoryRecorder, Workload, run_workload
-from .invariants import Expected, check_recovery
+from .invariants import Expected, check_recovery, refusal_problems
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -797,7 +800,8 @@ class Explorer:
         self.seen: set[tuple[tuple[str, bytes | None], ...]] = set()
         self.images = 0
         self.checks = 0
-        self.tolerated = 0
+        self.refusals = 0
+        """Images refused as corrupt without losing or misreporting an acknowledged event."""
         self.violations: list[str] = []
         self.samples: list[tuple[CrashImage, dict[str, StoredLog | None]]] = []
         self.recoveries: list[
@@ -850,6 +854,7 @@ class Explorer:
         self.images += 1
         sim = SimFiles(self.base, image=image, mirror=self.mirror, record=True)
         first = await self.load_all(sim)
+        after = sim.cache_image()
         states = list(sim.states)
         sim.lose_unsynced()
         second = await self.load_all(sim)
@@ -858,10 +863,12 @@ class Explorer:
             self.checks += 1
             where = f"{how}, session {session_id}"
             if isinstance(recovered, CorruptLogError):
-                if self.sectors and recovered.line - 2 >= expected[session_id].acknowledged:
-                    self.tolerated += 1  # reordered sectors of an unacknowledged batch
-                else:
-                    self.violations.append(f"{where}: {recovered}")
+                log = f"{STORE}/{encode_session_id(session_id)}/{LOG_NAME}"
+                stored, left = image[log], after.get(log)
+                assert stored is not None  # a refusal names a log it read
+                found = refusal_problems(recovered, stored, left, expected[session_id])
+                self.violations += [f"{where}: {problem}" for problem in found]
+                self.refusals += not found
                 continue
             reloaded = second[session_id]
             if isinstance(reloaded, CorruptLogError):

@@ -1,8 +1,9 @@
 """Bad input, end to end: each is refused with a clear error, and nothing on disk changes.
 
 Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
-their committed region, a truncated header, a header from a newer release, a log that is a
-symbolic link out of the root, and a second process writing a session another one holds.
+their committed region or holding a complete line of an unexpected shape, a truncated header, a
+header from a newer release, a log that is a symbolic link out of the root, and a second
+process writing a session another one holds.
 Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
 the tool body that depended on it does not run.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
@@ -228,32 +230,99 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
 DAMAGE: Final[dict[str, Callable[[bytes], bytes]]] = {
     "garbage": lambda line: b"\x00\xffnot json at all",
     "cut short": lambda line: line[: len(line) // 2],
-    "wrong seq": lambda line: line.replace(b'"seq":', b'"seq":1', 1),
-    "extra field": lambda line: line[:-1] + b',"extra":1}',
+    "zeros": lambda line: bytes(len(line)),
     "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
 }
+"""Damage that leaves no complete record: a torn tail if nothing but more of it follows."""
+
+SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
+    "wrong seq": lambda line: line.replace(b'"seq":', b'"seq":1', 1),
+    "extra field": lambda line: line[:-1] + b',"extra":1}',
+    "missing field": lambda line: re.sub(rb'"time":\d+,', b"", line),
+    "seq as a string": lambda line: re.sub(rb'"seq":(\d+)', rb'"seq":"\1"', line),
+}
+"""A complete record of an unexpected shape: written whole, so never a torn tail."""
 
 
-@pytest.mark.parametrize("damage", DAMAGE)
-def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
-    tmp_path: Path, damage: str
-) -> None:
-    path, written = stored(tmp_path)
-    lines = path.read_bytes().split(b"\n")
-    line = 6  # an event of the first turn; both turns end later
-    lines[line - 1] = DAMAGE[damage](lines[line - 1])
-    path.write_bytes(b"\n".join(lines))
-    before = tree(tmp_path)
-    backend = JsonlSessionPersistence(tmp_path)
+def open_turn_log(root: Path) -> tuple[Path, list[SessionEvent], int]:
+    """A log of two turns, the last one still open; its path, events, and the first line of
+    the open turn that other events follow."""
+    path, written = stored(root)
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b"\n", 0, -1) + 1])  # without the last turn/end
+    start = max(i for i, event in enumerate(written) if event.type == "turn/start")
+    return path, written[:-1], start + 3  # the line of the event after the turn's step/start
+
+
+def assert_refused_and_left_alone(
+    root: Path, path: Path, line: int, seed: list[SessionEvent]
+) -> str:
+    """Reading the log at *path* fails naming *line*, and nothing on disk changes; the message."""
+    before = tree(root)
+    backend = JsonlSessionPersistence(root)
     for read in (backend.inspect, backend.load):
         with pytest.raises(CorruptLogError) as refused:
             anyio.run(read, "s")
         assert refused.value.path == path
         assert refused.value.line == line
         assert str(refused.value).startswith(f"corrupt session log {path}, line {line}: ")
-    outcome = anyio.run(resume_turn, tmp_path, "s", written)
+    outcome = anyio.run(resume_turn, root, "s", seed)
     assert isinstance(outcome.error, CorruptLogError)
-    assert tree(tmp_path) == before
+    assert tree(root) == before
+    return refused.value.problem
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, *SHAPES])
+def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
+    tmp_path: Path, damage: str
+) -> None:
+    path, written = stored(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    line = 6  # an event of the first turn; both turns end later
+    lines[line - 1] = {**DAMAGE, **SHAPES}[damage](lines[line - 1])
+    path.write_bytes(b"\n".join(lines))
+    assert_refused_and_left_alone(tmp_path, path, line, written)
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, *SHAPES])
+def test_a_damaged_line_in_the_open_turn_is_named_and_the_events_after_it_kept(
+    tmp_path: Path, damage: str
+) -> None:
+    """No ``turn/end`` follows the damage, but complete events do: it is not a torn tail."""
+    path, written, line = open_turn_log(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    assert len(lines) > line + 1  # complete events follow
+    lines[line - 1] = {**DAMAGE, **SHAPES}[damage](lines[line - 1])
+    path.write_bytes(b"\n".join(lines))
+    problem = assert_refused_and_left_alone(tmp_path, path, line, written)
+    if damage in DAMAGE:
+        assert problem.endswith(
+            f"line {line + 1} after it is a complete record, so this is not a torn tail"
+        )
+
+
+@pytest.mark.parametrize("damage", SHAPES)
+def test_a_last_line_of_an_unexpected_shape_is_named_not_cut(tmp_path: Path, damage: str) -> None:
+    path, written, _ = open_turn_log(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    lines[-2] = SHAPES[damage](lines[-2])  # the last event; lines[-1] is empty
+    path.write_bytes(b"\n".join(lines))
+    assert_refused_and_left_alone(tmp_path, path, len(lines) - 1, written)
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_on_the_last_lines_only_is_cut_as_a_torn_tail(tmp_path: Path, damage: str) -> None:
+    path, written, _ = open_turn_log(tmp_path)
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    last, before_last = lines[-2], lines[-3]
+    tail = DAMAGE[damage](before_last) + b"\n" + DAMAGE[damage](last) + b"\n"
+    committed = len(data) - len(last) - len(before_last) - 2
+    path.write_bytes(data[:committed] + tail)
+    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert list(loaded.events[: -len(loaded.repair)]) == written[:-2]
+    assert loaded.torn_bytes == len(tail)
+    assert path.with_name(f"{LOG}.torn-{committed}").read_bytes() == tail
 
 
 @pytest.mark.parametrize("header", [b"", b'{"format":"kai-ses', b'{"format":"kai-session"'])

@@ -18,7 +18,9 @@ Layout under the root directory::
 The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. The file
 is created with its header and first batch at once (temporary file, fsync, hard link, directory
 fsync); every later batch is appended with one write and one fsync. A crash can therefore leave
-only a *torn tail*: a final fragment without its newline, or a last batch whose bytes are damaged.
+only a *torn tail*: bytes at the end that are not a complete record (a final fragment without
+its newline, or damaged lines none of which is a JSON object). Anything else that is not the
+event expected next, wherever it is, is corruption.
 
 Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
 as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Final, cast
 
-from ..events import EVENT_TYPES, JSON, SessionEvent
+from ..events import EVENT_TYPES, SessionEvent
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
 
 if TYPE_CHECKING:
@@ -168,30 +170,37 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | str:
-    """Decode one event line, or describe why it is not the event expected next."""
-    try:
-        record = json.loads(line, parse_constant=_reject_constant)
-    except ValueError as exc:
-        return f"not valid JSON ({exc})"
-    if not isinstance(record, dict) or record.keys() != _ENVELOPE:
-        return "not an event envelope with exactly type, seq, time and data"
-    event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
-    if not isinstance(event_type, str) or not event_type:
-        return "the event type is not a non-empty string"
-    if type(time) is not int:
-        return "the event time is not an integer"
-    if type(seq) is not int:
-        return "the event seq is not an integer"
-    if seq != expected_seq:
-        return f"seq {seq} where {expected_seq} was expected"
-    if not isinstance(data, dict):
-        return "the event data is not a JSON object"
-    return SessionEvent(event_type, seq, time, data)
-
-
 _decoder: Final = json.JSONDecoder(parse_constant=_reject_constant)
 _first: Final = itemgetter(0)
+
+
+def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | tuple[str, bool]:
+    """Decode one event line, or say why it is not the event expected next.
+
+    A line that is not the event expected comes with whether it is a complete record all the
+    same (a JSON object): such a line is never a torn tail.
+    """
+    try:
+        text = line.decode("utf-8", "surrogatepass")  # as the fast path decodes it
+        record = _decoder.decode(text)
+    except ValueError as exc:
+        return f"not valid JSON ({exc})", False
+    if not isinstance(record, dict):
+        return "not a JSON object", False
+    if record.keys() != _ENVELOPE:
+        return "not an event envelope with exactly type, seq, time and data", True
+    event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
+    if not isinstance(event_type, str) or not event_type:
+        return "the event type is not a non-empty string", True
+    if type(time) is not int:
+        return "the event time is not an integer", True
+    if type(seq) is not int:
+        return "the event seq is not an integer", True
+    if seq != expected_seq:
+        return f"seq {seq} where {expected_seq} was expected", True
+    if not isinstance(data, dict):
+        return "the event data is not a JSON object", True
+    return SessionEvent(event_type, seq, time, data)
 
 
 def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEvent] | None:
@@ -252,20 +261,13 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _is_turn_end(line: bytes) -> bool:
-    try:
-        record: JSON = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and record.get("type") == "turn/end"
-
-
 def scan_log(data: bytes, path: Path) -> Scan:
     """Read a whole log; separate its committed events from a torn tail.
 
-    A final line without its newline is torn. A damaged line (not JSON, not an event, or a seq
-    out of order) starts the torn tail too, unless a ``turn/end`` follows it: then it lies in
-    the committed region, and the log is corrupt.
+    The torn tail is what follows the last event, if none of it is a complete record: a final
+    line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
+    is not the event expected next is corruption if it is a complete record all the same (a
+    JSON object: another envelope, a seq out of order), or if one follows it.
 
     :raises CorruptLogError: naming *path* and the line.
     :raises UnsupportedFormatError: if the header has another format version.
@@ -285,17 +287,26 @@ def scan_log(data: bytes, path: Path) -> Scan:
                 break
             events += lines
             offset = stop + 1
+    committed = offset
     line_number = 1 + len(events)
-    while offset < len(data):
+    damage: tuple[int, str] | None = None  # the first damaged line after the last event
+    while (end := data.find(b"\n", offset)) >= 0:
         line_number += 1
-        end = data.find(b"\n", offset)
-        if end < 0:
-            break
         decoded = _decode_event(data[offset:end], len(events))
-        if isinstance(decoded, str):
-            if any(_is_turn_end(line) for line in data[end + 1 :].split(b"\n")):
-                raise CorruptLogError(path, line_number, decoded)
-            break
-        events.append(decoded)
         offset = end + 1
-    return Scan(header, tuple(events), offset, data[offset:])
+        if isinstance(decoded, SessionEvent) and damage is None:
+            events.append(decoded)
+            committed = offset
+            continue
+        problem, record = ("", True) if isinstance(decoded, SessionEvent) else decoded
+        if record and damage is not None:
+            raise CorruptLogError(
+                path,
+                damage[0],
+                f"{damage[1]}; line {line_number} after it is a complete record, so this is "
+                "not a torn tail",
+            )
+        if record:
+            raise CorruptLogError(path, line_number, problem)
+        damage = damage or (line_number, problem)
+    return Scan(header, tuple(events), committed, data[committed:])
