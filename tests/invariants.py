@@ -128,6 +128,7 @@ def check_recovery(
     expected: Expected,
     *,
     effects_during_recovery: int = 0,
+    tail_cut: bool | None = None,
 ) -> list[str]:
     """Check one recovered session against what the live process did.
 
@@ -135,6 +136,8 @@ def check_recovery(
     :param reloaded: The result of loading again, from what the first load left durable.
     :param expected: What the live process did before the crash.
     :param effects_during_recovery: Side effects performed while recovering (must be 0).
+    :param tail_cut: Whether recovery of the crashed log cut a torn tail; by default, whether
+        *recovered* did (a recovery that was itself interrupted may have cut it already).
     """
     if recovered is None:
         if expected.acknowledged or expected.started:
@@ -160,7 +163,9 @@ def check_recovery(
         if event != written:
             problems.append(f"seq {event.seq} changed: stored {event!r}, written {written!r}")
             break
-    # Repair: one result per unanswered call, classified by the evidence in the stored log.
+    # Repair: one result per unanswered call, classified by the evidence in the stored log:
+    # a call is not started only if its tool/call is not there and no bytes were cut after it.
+    cut = recovered.torn_bytes > 0 if tail_cut is None else tail_cut
     recorded = {str(e.data.get("callId")) for e in stored if e.type == "tool/call"}
     tool_calls = [str(e.data.get("callId")) for e in events if e.type == "tool/call"]
     if len(tool_calls) != len(set(tool_calls)):
@@ -169,7 +174,7 @@ def check_recovery(
         if closer.type != "tool/result":
             continue
         call, code = _answered(closer), _code(closer)
-        want = TOOL_OUTCOME_UNKNOWN if call in recorded else TOOL_NOT_STARTED
+        want = TOOL_OUTCOME_UNKNOWN if call in recorded or cut else TOOL_NOT_STARTED
         if code != want:
             problems.append(f"repaired call {call!r} is {code}, its evidence says {want}")
     for call in sorted(expected.started):

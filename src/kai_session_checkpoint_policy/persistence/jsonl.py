@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from ..events import SessionEvent
     from ..hookspecs import FlushThunk
     from ..host import Host, Session
+    from .format import Scan
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
@@ -561,8 +562,7 @@ class JsonlSessionPersistence:
         :raises UnsupportedFormatError: if the log has another format version.
         """
         path = self._directory(session_id) / LOG_NAME
-        scan = scan_log(await anyio.to_thread.run_sync(self._read, path), path)
-        repair = interrupted_turn_closers(scan.events)
+        scan, repair = await anyio.to_thread.run_sync(self._read_log, path)
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), path)
 
     async def load(self, session_id: str) -> StoredLog:
@@ -597,8 +597,7 @@ class JsonlSessionPersistence:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
         log = _Log(path, self._lock(session_id, directory))
         try:
-            scan = scan_log(self._read(path), path)
-            repair = interrupted_turn_closers(scan.events)
+            scan, repair = self._read_log(path)
             if scan.torn:
                 self._keep_torn(directory, scan.committed_bytes, scan.torn)
             if scan.torn or repair:
@@ -611,6 +610,17 @@ class JsonlSessionPersistence:
             return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
         finally:
             self._release(log)
+
+    def _read_log(self, path: Path) -> tuple[Scan, tuple[SessionEvent, ...]]:
+        """Read the log at *path*: what it holds, and the closers it needs.
+
+        Bytes were cut after the events if they are torn now, or if a recovery cut them there
+        and stopped before closing the turn (the bytes it kept are named after the offset).
+        """
+        scan = scan_log(self._read(path), path)
+        kept = path.with_name(f"{LOG_NAME}.torn-{scan.committed_bytes}")
+        tail_cut = bool(scan.torn) or kept.exists()
+        return scan, interrupted_turn_closers(scan.events, tail_cut=tail_cut)
 
     def _keep_torn(self, directory: Path, offset: int, torn: bytes) -> None:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
