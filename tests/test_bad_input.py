@@ -2,8 +2,8 @@
 
 Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
 their committed region or holding a complete line of an unexpected shape, a truncated header, a
-header from a newer release, a log that is a symbolic link out of the root, and a second
-process writing a session another one holds.
+header from a newer release, a log copied into another session's directory, a log that is a
+symbolic link out of the root, and a second process writing a session another one holds.
 Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
 the tool body that depended on it does not run.
 """
@@ -54,7 +54,7 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
-from .persistence_helpers import tree
+from .persistence_helpers import tree, write_log
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
@@ -352,6 +352,27 @@ def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -
     outcome = anyio.run(resume_turn, tmp_path, "s", written)
     assert isinstance(outcome.error, UnsupportedFormatError)
     assert tree(tmp_path) == before
+
+
+# -- a log in another session's place --------------------------------------------------------
+
+
+def test_a_log_copied_into_another_sessions_directory_is_refused_untouched(
+    tmp_path: Path,
+) -> None:
+    """Recovery would otherwise cut and close a log it does not own, under the wrong id."""
+    source, _ = stored(tmp_path / "source", "a")
+    data = source.read_bytes()
+    path = write_log(tmp_path / "root", "b", data[: data.rindex(b"\n", 0, -1) + 1] + b'{"ty')
+    before = tree(tmp_path, locks=False)
+    backend = JsonlSessionPersistence(tmp_path / "root")
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(PersistenceError) as refused:
+            anyio.run(read, "b")
+        assert str(refused.value) == (
+            f"{path} belongs to session 'a', not 'b'; refusing to read or change it as that session"
+        )
+    assert tree(tmp_path, locks=False) == before
 
 
 # -- symbolic links --------------------------------------------------------------------------
