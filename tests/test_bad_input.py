@@ -168,6 +168,7 @@ def test_an_empty_id_is_refused(tmp_path: Path) -> None:
     [
         ({"x": math.nan}, "data['x'] is nan"),
         ({"x": [1, math.inf]}, "data['x'][1] is inf"),
+        ({"x": {"y": -math.inf}}, "data['x']['y'] is -inf"),
         ({"x": {1: "one"}}, "data['x'] has the non-string key 1"),
         ({"x": b"bytes"}, "data['x'] is of type bytes"),
         ({"x": (1, 2)}, "data['x'] is of type tuple"),
@@ -231,7 +232,6 @@ DAMAGE: Final[dict[str, Callable[[bytes], bytes]]] = {
     "garbage": lambda line: b"\x00\xffnot json at all",
     "cut short": lambda line: line[: len(line) // 2],
     "zeros": lambda line: bytes(len(line)),
-    "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
 }
 """Damage that leaves no complete record: a torn tail if nothing but more of it follows."""
 
@@ -240,6 +240,8 @@ SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
     "extra field": lambda line: line[:-1] + b',"extra":1}',
     "missing field": lambda line: re.sub(rb'"time":\d+,', b"", line),
     "seq as a string": lambda line: re.sub(rb'"seq":(\d+)', rb'"seq":"\1"', line),
+    "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
+    "1e999": lambda line: line.replace(b'"data":{', b'"data":{"big":1e999,', 1),
 }
 """A complete record of an unexpected shape: written whole, so never a torn tail."""
 

@@ -140,6 +140,14 @@ SHAPES = {
     "data that is not an object": (b'{"type":"x","seq":8,"time":1,"data":[]}', "the event data"),
     "a seq out of order": (b'{"type":"x","seq":9,"time":1,"data":{}}', "seq 9 where 8 was"),
     "a repeated seq": (b'{"type":"x","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
+    "NaN": (b'{"type":"x","seq":8,"time":1,"data":{"v":NaN}}', "NaN is not a finite number"),
+    "-Infinity": (b'{"type":"x","seq":8,"time":1,"data":{"v":-Infinity}}', "-Infinity is not"),
+    "1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":1e999}}', "1e999 is not a finite"),
+    "-1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":-1e999}}', "-1e999 is not a finite"),
+    "a 400-digit float": (
+        b'{"type":"x","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
+        "is not a finite number",
+    ),
 }
 
 
@@ -215,9 +223,9 @@ def test_bad_headers_name_line_one(data: bytes, problem: str) -> None:
     assert (caught.value.line, caught.value.problem) == (1, problem)
 
 
-def test_nan_in_a_stored_line_is_damage() -> None:
+def test_nan_in_a_stored_line_is_corruption() -> None:
     data = log_bytes("s", events(*COMPLETE_TURN))
     bad = b'{"type":"x","seq":6,"time":1,"data":{"v":NaN}}\n'
     end = json.dumps({"type": "turn/end", "seq": 7, "time": 1, "data": {}}).encode() + b"\n"
-    with pytest.raises(CorruptLogError, match=r"line 8: not valid JSON \(NaN is not JSON\)"):
+    with pytest.raises(CorruptLogError, match=r"line 8: NaN is not a finite number$"):
         scan_log(data + bad + end, PATH)

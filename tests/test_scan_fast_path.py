@@ -59,6 +59,7 @@ def _damaged(line: bytes, how: int, other: bytes) -> list[bytes]:
         [b"2]}}"],
         [line.replace(b'"seq":', b'"seq":1', 1)],  # the wrong seq
         [line, line],  # a repeat
+        [line.replace(b'"data":{', b'"data":{"n":-1e999,', 1)],  # not a finite number
     ][how]
 
 
@@ -70,7 +71,7 @@ def logs(draw: st.DrawFn) -> bytes:
             break
         index = draw(st.integers(0, len(lines) - 1))
         other = lines[draw(st.integers(0, len(lines) - 1))]
-        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 18)), other)
+        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 19)), other)
     if draw(st.booleans()):
         lines.append(b'{"type":"turn/end","seq":99,"time":0,"data":{}}')
     data = encode_header(SessionHeader("s", 1)) + b"".join(line + b"\n" for line in lines)

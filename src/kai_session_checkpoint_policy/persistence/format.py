@@ -15,12 +15,12 @@ Layout under the root directory::
     {"type":"<event type>","seq":1,"time":<epoch ms>,"data":{...}}
     ...
 
-The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. The file
-is created with its header and first batch at once (temporary file, fsync, hard link, directory
-fsync); every later batch is appended with one write and one fsync. A crash can therefore leave
-only a *torn tail*: bytes at the end that are not a complete record (a final fragment without
-its newline, or damaged lines none of which is a JSON object). Anything else that is not the
-event expected next, wherever it is, is corruption.
+The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Numbers
+are finite. The file is created with its header and first batch at once (temporary file,
+fsync, hard link, directory fsync); every later batch is appended with one write and one
+fsync. A crash can therefore leave only a *torn tail*: bytes at the end that are not a complete
+record (a final fragment without its newline, or damaged lines none of which is a JSON object).
+Anything else that is not the event expected next, wherever it is, is corruption.
 
 Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
 as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, NoReturn, cast
 
 from ..events import EVENT_TYPES, SessionEvent
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
@@ -166,11 +167,22 @@ def encode_events(events: Sequence[SessionEvent]) -> bytes:
     return ("\n".join([event.encode() for event in events]) + "\n").encode()
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+class _NotFinite(ValueError):
+    """A number a session log cannot hold: NaN, an infinity, or a float that overflows."""
 
 
-_decoder: Final = json.JSONDecoder(parse_constant=_reject_constant)
+def _reject_constant(name: str) -> NoReturn:
+    raise _NotFinite(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"{text} is not a finite number")
+    return value
+
+
+_decoder: Final = json.JSONDecoder(parse_float=_finite_float, parse_constant=_reject_constant)
 _first: Final = itemgetter(0)
 
 
@@ -178,11 +190,17 @@ def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | tuple[str, b
     """Decode one event line, or say why it is not the event expected next.
 
     A line that is not the event expected comes with whether it is a complete record all the
-    same (a JSON object): such a line is never a torn tail.
+    same (a JSON object, NaN and infinities allowed): such a line is never a torn tail.
     """
     try:
         text = line.decode("utf-8", "surrogatepass")  # as the fast path decodes it
         record = _decoder.decode(text)
+    except _NotFinite as exc:
+        try:
+            lenient = json.loads(text)
+        except ValueError:
+            lenient = None
+        return str(exc), isinstance(lenient, dict)
     except ValueError as exc:
         return f"not valid JSON ({exc})", False
     if not isinstance(record, dict):
@@ -267,7 +285,8 @@ def scan_log(data: bytes, path: Path) -> Scan:
     The torn tail is what follows the last event, if none of it is a complete record: a final
     line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
     is not the event expected next is corruption if it is a complete record all the same (a
-    JSON object: another envelope, a seq out of order), or if one follows it.
+    JSON object: another envelope, a seq out of order, a non-finite number), or if one follows
+    it.
 
     :raises CorruptLogError: naming *path* and the line.
     :raises UnsupportedFormatError: if the header has another format version.
