@@ -1,9 +1,10 @@
 """Bad input, end to end: each is refused with a clear error, and nothing on disk changes.
 
 Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
-their committed region or holding a complete line of an unexpected shape, a truncated header, a
-header from a newer release, a log copied into another session's directory, a log that is a
-symbolic link out of the root, and a second process writing a session another one holds.
+their committed region or holding a complete line of an unexpected shape, times out of range, a
+truncated header, a header from a newer release, a log copied into another session's
+directory, a log that is a symbolic link out of the root, and a second process writing a
+session another one holds.
 Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
 the tool body that depended on it does not run.
 """
@@ -29,6 +30,7 @@ from kai_session_checkpoint_policy import (
     Host,
     Session,
     SessionEvent,
+    cli,
     policy,
 )
 from kai_session_checkpoint_policy.persistence import (
@@ -39,6 +41,11 @@ from kai_session_checkpoint_policy.persistence import (
     SessionLockedError,
     UnsupportedFormatError,
     encode_session_id,
+)
+from kai_session_checkpoint_policy.persistence.format import (
+    MAX_TIME,
+    SessionHeader,
+    encode_header,
 )
 
 from .crash_child import (
@@ -54,7 +61,7 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
-from .persistence_helpers import tree, write_log
+from .persistence_helpers import events, log_bytes, tree, write_log
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
@@ -242,6 +249,7 @@ SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
     "seq as a string": lambda line: re.sub(rb'"seq":(\d+)', rb'"seq":"\1"', line),
     "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
     "1e999": lambda line: line.replace(b'"data":{', b'"data":{"big":1e999,', 1),
+    "time in the year 10000": lambda line: re.sub(rb'"time":\d+', b'"time":253402300800000', line),
 }
 """A complete record of an unexpected shape: written whole, so never a torn tail."""
 
@@ -354,6 +362,50 @@ def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -
     outcome = anyio.run(resume_turn, tmp_path, "s", written)
     assert isinstance(outcome.error, UnsupportedFormatError)
     assert tree(tmp_path) == before
+
+
+HUGE: Final = 10**30
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("list",), 1),
+        (("inspect", "s"), 1),
+        (("recover", "s"), 1),
+        (("inspect", "t"), 3),
+        (("recover", "t"), 3),
+    ],
+)
+def test_times_out_of_range_are_named_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], line: int
+) -> None:
+    """A time past the year 9999 used to crash the command's date formatting."""
+    (first, *_) = events(("turn/start", {"turn": 1}))
+    later = SessionEvent("turn/end", 1, HUGE, {"turn": 1})
+    path = write_log(tmp_path, "s", encode_header(SessionHeader("s", HUGE)) + b"")
+    other = write_log(tmp_path / "other", "t", log_bytes("t", [first, later]))
+    root = tmp_path if args[-1] != "t" else tmp_path / "other"
+    before = tree(tmp_path, locks=False)
+    command, *session = args
+    assert cli.main([command, str(root), *session]) == cli.EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    named = path if root == tmp_path else other
+    what = "the header's createdAt" if line == 1 else "the event time"
+    assert (out, err) == (
+        "",
+        f"kai-checkpoint: corrupt session log {named}, line {line}: {what} is not an integer "
+        "from 0 to 253402300799999 (epoch milliseconds up to the year 9999)\n",
+    )
+    assert tree(tmp_path, locks=False) == before
+
+
+def test_the_latest_time_a_log_may_hold_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_log(tmp_path, "s", encode_header(SessionHeader("s", MAX_TIME)))
+    assert cli.main(["list", str(tmp_path)]) == 0
+    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\n", "")
 
 
 # -- a log in another session's place --------------------------------------------------------

@@ -17,7 +17,11 @@ from kai_session_checkpoint_policy.persistence import (
     decode_session_id,
     encode_session_id,
 )
-from kai_session_checkpoint_policy.persistence.format import SessionHeader, encode_header, scan_log
+from kai_session_checkpoint_policy.persistence.format import (
+    SessionHeader,
+    encode_header,
+    scan_log,
+)
 
 from .persistence_helpers import COMPLETE_TURN, events, log_bytes
 
@@ -148,6 +152,15 @@ SHAPES = {
         b'{"type":"x","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
         "is not a finite number",
     ),
+    "a negative time": (b'{"type":"x","seq":8,"time":-1,"data":{}}', "the event time is not an"),
+    "a time after the year 9999": (
+        b'{"type":"x","seq":8,"time":253402300800000,"data":{}}',
+        "the event time is not an integer from 0 to 253402300799999",
+    ),
+    "a time of 10**30": (
+        b'{"type":"x","seq":8,"time":%d,"data":{}}' % 10**30,
+        "the event time is not an integer from 0 to 253402300799999",
+    ),
 }
 
 
@@ -211,9 +224,13 @@ def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, messag
         (b'{"format":"kai-session","vers', "the header line is incomplete"),
         (b'{"format":"other"}\n', "the first line is not a kai-session header"),
         (b'{"format":"kai-session","version":1,"createdAt":0}\n', "the header has no session id"),
-        (
-            b'{"format":"kai-session","version":1,"id":"s","createdAt":-1}\n',
-            "the header's createdAt is not a non-negative integer",
+        *(
+            (
+                b'{"format":"kai-session","version":1,"id":"s","createdAt":%s}\n' % created,
+                "the header's createdAt is not an integer from 0 to 253402300799999 (epoch "
+                "milliseconds up to the year 9999)",
+            )
+            for created in (b"-1", b"253402300800000", b"%d" % 10**30, b"1e999", b"1.5")
         ),
     ],
 )

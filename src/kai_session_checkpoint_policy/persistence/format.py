@@ -15,12 +15,13 @@ Layout under the root directory::
     {"type":"<event type>","seq":1,"time":<epoch ms>,"data":{...}}
     ...
 
-The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Numbers
-are finite. The file is created with its header and first batch at once (temporary file,
-fsync, hard link, directory fsync); every later batch is appended with one write and one
-fsync. A crash can therefore leave only a *torn tail*: bytes at the end that are not a complete
-record (a final fragment without its newline, or damaged lines none of which is a JSON object).
-Anything else that is not the event expected next, wherever it is, is corruption.
+The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Times
+are integers from 0 to :data:`MAX_TIME`; numbers are finite. The file is created with its
+header and first batch at once (temporary file, fsync, hard link, directory fsync); every later
+batch is appended with one write and one fsync. A crash can therefore leave only a *torn
+tail*: bytes at the end that are not a complete record (a final fragment without its newline,
+or damaged lines none of which is a JSON object). Anything else that is not the event expected
+next, wherever it is, is corruption.
 
 Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
 as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
@@ -50,6 +51,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LOCK_NAME",
     "LOG_NAME",
+    "MAX_TIME",
     "Scan",
     "SessionHeader",
     "decode_session_id",
@@ -65,12 +67,16 @@ LOG_NAME: Final = "session.jsonl"
 LOCK_NAME: Final = "session.lock"
 MAX_ESCAPED_ID: Final = 200
 """The longest escaped id, in bytes, kept well below the 255 bytes a file name may have."""
+MAX_TIME: Final = 253_402_300_799_999
+"""The latest time a log may hold, in epoch milliseconds: the end of the year 9999 (UTC), the
+last moment :class:`datetime.datetime` can show."""
 
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
 _ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
 _BULK_BYTES: Final = 1 << 16
 """About how many bytes of complete lines :func:`_decode_lines` decodes in one call."""
+_TIME_RANGE: Final = f"an integer from 0 to {MAX_TIME} (epoch milliseconds up to the year 9999)"
 _EVENT_TYPES: Final = {event_type: event_type for event_type in EVENT_TYPES}
 """One shared copy of each known event type, instead of one string per loaded event."""
 
@@ -155,8 +161,8 @@ def _decode_header(line: bytes, path: Path) -> SessionHeader:
     session_id, created_at = record.get("id"), record.get("createdAt")
     if not isinstance(session_id, str) or not session_id:
         raise CorruptLogError(path, 1, "the header has no session id")
-    if type(created_at) is not int or created_at < 0:
-        raise CorruptLogError(path, 1, "the header's createdAt is not a non-negative integer")
+    if type(created_at) is not int or not 0 <= created_at <= MAX_TIME:
+        raise CorruptLogError(path, 1, f"the header's createdAt is not {_TIME_RANGE}")
     return SessionHeader(session_id, created_at, version)
 
 
@@ -210,8 +216,8 @@ def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | tuple[str, b
     event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
     if not isinstance(event_type, str) or not event_type:
         return "the event type is not a non-empty string", True
-    if type(time) is not int:
-        return "the event time is not an integer", True
+    if type(time) is not int or not 0 <= time <= MAX_TIME:
+        return f"the event time is not {_TIME_RANGE}", True
     if type(seq) is not int:
         return "the event seq is not an integer", True
     if seq != expected_seq:
@@ -254,6 +260,8 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
         or set(map(type, seqs)) != {int}
         or seqs != list(range(seq, seq + len(seqs)))
         or set(map(type, times)) != {int}
+        or min(times) < 0
+        or max(times) > MAX_TIME
         or set(map(type, datas)) != {dict}
     ):
         return None
@@ -285,8 +293,8 @@ def scan_log(data: bytes, path: Path) -> Scan:
     The torn tail is what follows the last event, if none of it is a complete record: a final
     line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
     is not the event expected next is corruption if it is a complete record all the same (a
-    JSON object: another envelope, a seq out of order, a non-finite number), or if one follows
-    it.
+    JSON object: another envelope, a seq out of order, a non-finite number, a time out of
+    range), or if one follows it.
 
     :raises CorruptLogError: naming *path* and the line.
     :raises UnsupportedFormatError: if the header has another format version.
