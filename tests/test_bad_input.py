@@ -1,10 +1,10 @@
 """Bad input, end to end: each is refused with a clear error, and nothing on disk changes.
 
-Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
-their committed region or holding a complete line of an unexpected shape, times out of range, a
-truncated header, a header from a newer release, a log copied into another session's
-directory, a log that is a symbolic link out of the root, and a second process writing a
-session another one holds.
+Session ids that look like paths, event data JSON cannot carry unchanged or nested too deep,
+logs damaged inside their committed region or holding a complete line of an unexpected shape,
+times out of range, a truncated header, a header from a newer release, a log copied into
+another session's directory, a log that is a symbolic link out of the root, and a second
+process writing a session another one holds.
 Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
 the tool body that depended on it does not run.
 """
@@ -17,14 +17,16 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import pytest
 from hypothesis import given, settings
 
 from kai_session_checkpoint_policy import (
+    MAX_JSON_DEPTH,
     Agent,
     EventDataError,
     Host,
@@ -46,6 +48,7 @@ from kai_session_checkpoint_policy.persistence.format import (
     MAX_TIME,
     SessionHeader,
     encode_header,
+    scan_log,
 )
 
 from .crash_child import (
@@ -61,13 +64,16 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
-from .persistence_helpers import events, log_bytes, tree, write_log
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import FrameType
 
-    from kai_session_checkpoint_policy import JSON, TurnOutcome
+    from kai_session_checkpoint_policy import JSON, JSONObject, TurnOutcome
+
+T = TypeVar("T")
 
 LOG: Final = "session.jsonl"
 SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
@@ -232,6 +238,94 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
         )
 
 
+# -- nesting ---------------------------------------------------------------------------------
+
+
+STACKS: Final = ["shallow stack", "deep recursion", "worker thread"]
+
+
+def on_stack(stack: str, function: Callable[[], T]) -> T:
+    """Call *function* on a shallow stack, 40 frames short of the recursion limit, or in a
+    worker thread."""
+    if stack == "worker thread":
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(function).result()
+    if stack == "shallow stack":
+        return function()
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return _recurse(sys.getrecursionlimit() - 40 - depth, function)
+
+
+def _recurse(frames: int, function: Callable[[], T]) -> T:
+    return function() if frames <= 0 else _recurse(frames - 1, function)
+
+
+def nested(depth: int) -> JSONObject:
+    """An object that nests *depth* levels of objects and arrays, itself included."""
+    value: JSON = "leaf"
+    for level in range(depth - 1):
+        value = {"k": value} if level % 2 else [value]
+    return {"v": value}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 980, 100_000])
+def test_data_nested_deeper_than_the_bound_is_refused_naming_its_depth(
+    stack: str, depth: int
+) -> None:
+    admitted: list[SessionEvent] = []
+    session = Session("s", on_append=lambda _, event: admitted.append(event))
+    data = nested(depth)
+    with pytest.raises(EventDataError) as refused:
+        on_stack(stack, lambda: session.append("note", data))
+    nests = "more than 64" if depth == 100_000 else depth  # too deep even to encode
+    assert str(refused.value) == (
+        f"data of a 'note' event is nested {nests} levels deep (arrays and objects); at most 64 "
+        "levels are allowed"
+    )
+    assert (session.seq, admitted) == (0, [])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_data_at_the_bound_is_appended_and_read_back_on_any_stack(
+    tmp_path: Path, stack: str
+) -> None:
+    session = Session("s")
+    event = on_stack(stack, lambda: session.append("note", nested(MAX_JSON_DEPTH)))
+    path = write_log(tmp_path, "s", log_bytes("s", [event]))
+    scan = on_stack(stack, lambda: scan_log(path.read_bytes(), path))
+    assert scan.events == (event,)
+    assert scan.events[0].data == nested(MAX_JSON_DEPTH)
+    assert anyio.run(JsonlSessionPersistence(tmp_path).load, "s").events == (event,)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 100_000])
+def test_a_line_nested_deeper_than_the_bound_is_corrupt_on_any_stack(
+    tmp_path: Path, stack: str, depth: int
+) -> None:
+    logged = events(*COMPLETE_TURN)
+    deep = "[" * (depth - 1) + "]" * (depth - 1)  # in {"x": ...}, the data: *depth* levels
+    line = f'{{"type":"note","seq":6,"time":1,"data":{{"x":{deep}}}}}\n'.encode()
+    path = write_log(tmp_path, "s", log_bytes("s", logged) + line)  # the last line
+    nests = "more than 65" if depth == 100_000 else depth + 1  # too deep even to decode
+    problem = (
+        f"the line is nested {nests} levels deep; an event line nests at most 65 (its data at "
+        "most 64)"
+    )
+    with pytest.raises(CorruptLogError) as refused:
+        on_stack(stack, lambda: scan_log(path.read_bytes(), path))
+    assert (refused.value.path, refused.value.line, refused.value.problem) == (path, 8, problem)
+    before = tree(tmp_path, locks=False)
+    for read in (JsonlSessionPersistence(tmp_path).inspect, JsonlSessionPersistence(tmp_path).load):
+        with pytest.raises(CorruptLogError, match=f"line 8: {re.escape(problem)}$"):
+            anyio.run(read, "s")
+    assert tree(tmp_path, locks=False) == before
+
+
 # -- damaged logs ----------------------------------------------------------------------------
 
 
@@ -250,6 +344,9 @@ SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
     "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
     "1e999": lambda line: line.replace(b'"data":{', b'"data":{"big":1e999,', 1),
     "time in the year 10000": lambda line: re.sub(rb'"time":\d+', b'"time":253402300800000', line),
+    "nested 100000 deep": lambda line: line.replace(
+        b'"data":{', b'"data":{"deep":' + b"[" * 100_000 + b"]" * 100_000 + b",", 1
+    ),
 }
 """A complete record of an unexpected shape: written whole, so never a torn tail."""
 

@@ -18,6 +18,7 @@ from kai_session_checkpoint_policy.persistence import (
     encode_session_id,
 )
 from kai_session_checkpoint_policy.persistence.format import (
+    MAX_TIME,
     SessionHeader,
     encode_header,
     scan_log,
@@ -136,6 +137,7 @@ def test_damage_followed_by_a_record_of_another_shape_names_the_damage() -> None
         scan_log(data + tail, PATH)
 
 
+DEEP = "[" * 65 + "]" * 65
 SHAPES = {
     "an extra key": (b'{"type":"x","seq":8,"time":1,"data":{},"extra":1}', "not an event envelope"),
     "a missing key": (b'{"type":"x","seq":8,"data":{}}', "not an event envelope"),
@@ -161,6 +163,10 @@ SHAPES = {
         b'{"type":"x","seq":8,"time":%d,"data":{}}' % 10**30,
         "the event time is not an integer from 0 to 253402300799999",
     ),
+    "data nested 65 levels": (
+        b'{"type":"x","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
+        "the line is nested 66 levels deep; an event line nests at most 65 (its data at most 64)",
+    ),
 }
 
 
@@ -179,6 +185,16 @@ def test_a_complete_record_of_an_unexpected_shape_is_corruption_anywhere(
     assert caught.value.line == 10
     assert problem in caught.value.problem
     assert "torn tail" not in caught.value.problem
+
+
+def test_the_bounds_themselves_are_read() -> None:
+    deepest = "[" * 63 + "]" * 63  # inside {"v": ...} inside the data: 64 levels
+    line = f'{{"type":"x","seq":0,"time":{MAX_TIME},"data":{{"v":{deepest}}}}}\n'
+    header = b'{"format":"kai-session","version":1,"id":"s","createdAt":%d}\n' % MAX_TIME
+    scan = scan_log(header + line.encode(), PATH)
+    assert scan.header.created_at == scan.events[0].time == MAX_TIME
+    assert scan.events[0].data == json.loads(line)["data"]
+    assert scan.torn == b""
 
 
 def test_a_damaged_line_before_a_turn_end_is_corruption() -> None:
@@ -231,6 +247,11 @@ def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, messag
                 "milliseconds up to the year 9999)",
             )
             for created in (b"-1", b"253402300800000", b"%d" % 10**30, b"1e999", b"1.5")
+        ),
+        (
+            b'{"format":"kai-session","version":1,"id":"s","createdAt":0,"x":%s}\n'
+            % (b"[" * 100_000 + b"]" * 100_000),
+            "the first line is not a kai-session header",
         ),
     ],
 )

@@ -61,6 +61,8 @@ def _damaged(line: bytes, how: int, other: bytes) -> list[bytes]:
         [line, line],  # a repeat
         [line.replace(b'"data":{', b'"data":{"n":-1e999,', 1)],  # not a finite number
         [line.replace(b'"time":', b'"time":-', 1)],  # a time out of range
+        [line.replace(b'"data":{', b'"data":{"n":' + b"[" * 70 + b"]" * 70 + b",", 1)],
+        [b"[" * 100_000 + b"]" * 100_000],  # deeper than any decoder's stack
     ][how]
 
 
@@ -72,7 +74,7 @@ def logs(draw: st.DrawFn) -> bytes:
             break
         index = draw(st.integers(0, len(lines) - 1))
         other = lines[draw(st.integers(0, len(lines) - 1))]
-        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 20)), other)
+        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 22)), other)
     if draw(st.booleans()):
         lines.append(b'{"type":"turn/end","seq":99,"time":0,"data":{}}')
     data = encode_header(SessionHeader("s", 1)) + b"".join(line + b"\n" for line in lines)

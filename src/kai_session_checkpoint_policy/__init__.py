@@ -6,7 +6,7 @@ flush durable; recovery turns a recorded call without a result into ``TOOL_OUTCO
 """
 
 from . import invariant, policy
-from .events import EVENT_TYPES, JSON, EventDataError, JSONObject, SessionEvent
+from .events import EVENT_TYPES, JSON, MAX_JSON_DEPTH, EventDataError, JSONObject, SessionEvent
 from .hookspecs import PROJECT, HostServices, hookimpl
 from .host import (
     AbortController,
@@ -53,6 +53,7 @@ __all__ = [
     "ABORTED_BEFORE_DISPATCH",
     "EVENT_TYPES",
     "JSON",
+    "MAX_JSON_DEPTH",
     "PROJECT",
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",

@@ -16,9 +16,10 @@ Layout under the root directory::
     ...
 
 The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Times
-are integers from 0 to :data:`MAX_TIME`; numbers are finite. The file is created with its
-header and first batch at once (temporary file, fsync, hard link, directory fsync); every later
-batch is appended with one write and one fsync. A crash can therefore leave only a *torn
+are integers from 0 to :data:`MAX_TIME`; numbers are finite; data nests at most
+:data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels. The file is created with
+its header and first batch at once (temporary file, fsync, hard link, directory fsync); every
+later batch is appended with one write and one fsync. A crash can therefore leave only a *torn
 tail*: bytes at the end that are not a complete record (a final fragment without its newline,
 or damaged lines none of which is a JSON object). Anything else that is not the event expected
 next, wherever it is, is corruption.
@@ -36,10 +37,11 @@ import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
 from typing import TYPE_CHECKING, Final, NoReturn, cast
 
-from ..events import EVENT_TYPES, SessionEvent
+from ..events import EVENT_TYPES, MAX_JSON_DEPTH, SessionEvent, json_depth, on_fresh_stack
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
 
 if TYPE_CHECKING:
@@ -76,6 +78,12 @@ _ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
 _ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
 _BULK_BYTES: Final = 1 << 16
 """About how many bytes of complete lines :func:`_decode_lines` decodes in one call."""
+_LINE_DEPTH: Final = MAX_JSON_DEPTH + 1
+"""How deep an event line may nest: its data, inside the envelope."""
+_OPENERS: Final = bytes.maketrans(b"{", b"[")
+_NOT_OPENER_OR_NEWLINE: Final = bytes(set(range(256)) - set(b"[{\n"))
+_TOO_MANY_OPENERS: Final = b"[" * (_LINE_DEPTH + 1)
+"""Lines translated to their opening brackets hold this if one could nest too deep."""
 _TIME_RANGE: Final = f"an integer from 0 to {MAX_TIME} (epoch milliseconds up to the year 9999)"
 _EVENT_TYPES: Final = {event_type: event_type for event_type in EVENT_TYPES}
 """One shared copy of each known event type, instead of one string per loaded event."""
@@ -140,11 +148,15 @@ def encode_header(header: SessionHeader) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-def _decode_header(line: bytes, path: Path) -> SessionHeader:
+def _decode_header(line: bytes, path: Path, *, fresh_stack: bool) -> SessionHeader:
     try:
         record = json.loads(line)
     except ValueError:
         record = None
+    except RecursionError:
+        if not fresh_stack:
+            raise
+        record = None  # too deep for a whole stack
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise CorruptLogError(path, 1, "the first line is not a kai-session header")
     version = record.get("version")
@@ -192,25 +204,37 @@ _decoder: Final = json.JSONDecoder(parse_float=_finite_float, parse_constant=_re
 _first: Final = itemgetter(0)
 
 
-def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | tuple[str, bool]:
+def _decode_event(
+    line: bytes, expected_seq: int, *, fresh_stack: bool
+) -> SessionEvent | tuple[str, bool]:
     """Decode one event line, or say why it is not the event expected next.
 
     A line that is not the event expected comes with whether it is a complete record all the
-    same (a JSON object, NaN and infinities allowed): such a line is never a torn tail.
+    same (a JSON object, NaN and infinities allowed, or a line nested too deep to decode): such
+    a line is never a torn tail.
     """
     try:
         text = line.decode("utf-8", "surrogatepass")  # as the fast path decodes it
         record = _decoder.decode(text)
+    except RecursionError:
+        if not fresh_stack:
+            raise
+        return _nested_too_deep(f"more than {_LINE_DEPTH}"), True
     except _NotFinite as exc:
         try:
             lenient = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             lenient = None
         return str(exc), isinstance(lenient, dict)
     except ValueError as exc:
         return f"not valid JSON ({exc})", False
     if not isinstance(record, dict):
         return "not a JSON object", False
+    # A line nests no deeper than it has brackets: most lines need not be measured.
+    if line.count(b"[") + line.count(b"{") > _LINE_DEPTH:
+        depth = json_depth(record)
+        if depth > _LINE_DEPTH:
+            return _nested_too_deep(str(depth)), True
     if record.keys() != _ENVELOPE:
         return "not an event envelope with exactly type, seq, time and data", True
     event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
@@ -227,6 +251,13 @@ def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | tuple[str, b
     return SessionEvent(event_type, seq, time, data)
 
 
+def _nested_too_deep(depth: str) -> str:
+    return (
+        f"the line is nested {depth} levels deep; an event line nests at most {_LINE_DEPTH} "
+        f"(its data at most {MAX_JSON_DEPTH})"
+    )
+
+
 def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEvent] | None:
     """Decode the complete lines ``data[start:end]`` at once, if all are the events expected.
 
@@ -241,7 +272,7 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
     try:
         text = lines.decode("utf-8", "surrogatepass")
         wrapped = _decoder.decode("[[" + text.replace("\n", "\n],[")[:-2] + "]")
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # damage, or a deep stack: decoded line by line
         return None
     # Checked a column at a time with builtins, which is several times faster than a loop.
     if len(wrapped) != lines.count(b"\n") or set(map(len, wrapped)) != {1}:
@@ -263,6 +294,11 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
         or min(times) < 0
         or max(times) > MAX_TIME
         or set(map(type, datas)) != {dict}
+        # Only where a line has more brackets than it may nest levels, measure the data.
+        or (
+            _TOO_MANY_OPENERS in lines.translate(_OPENERS, _NOT_OPENER_OR_NEWLINE)
+            and json_depth(datas) > MAX_JSON_DEPTH + 1
+        )
     ):
         return None
     types = cast("list[str]", list(map(_EVENT_TYPES.get, types, types)))
@@ -294,15 +330,23 @@ def scan_log(data: bytes, path: Path) -> Scan:
     line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
     is not the event expected next is corruption if it is a complete record all the same (a
     JSON object: another envelope, a seq out of order, a non-finite number, a time out of
-    range), or if one follows it.
+    range, nesting too deep), or if one follows it. How deep the caller's stack is does not
+    matter.
 
     :raises CorruptLogError: naming *path* and the line.
     :raises UnsupportedFormatError: if the header has another format version.
     """
+    try:
+        return _scan(data, path, fresh_stack=False)
+    except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
+        return on_fresh_stack(partial(_scan, data, path, fresh_stack=True))
+
+
+def _scan(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     end = data.find(b"\n")
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
-    header = _decode_header(data[:end], path)
+    header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
     events: list[SessionEvent] = []
     offset = end + 1
     with _collector_paused():
@@ -319,7 +363,7 @@ def scan_log(data: bytes, path: Path) -> Scan:
     damage: tuple[int, str] | None = None  # the first damaged line after the last event
     while (end := data.find(b"\n", offset)) >= 0:
         line_number += 1
-        decoded = _decode_event(data[offset:end], len(events))
+        decoded = _decode_event(data[offset:end], len(events), fresh_stack=fresh_stack)
         offset = end + 1
         if isinstance(decoded, SessionEvent) and damage is None:
             events.append(decoded)
