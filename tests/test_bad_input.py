@@ -238,6 +238,40 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
         )
 
 
+HIGH, LOW = chr(0xD800), chr(0xDFFF)
+
+
+@pytest.mark.parametrize("text", [HIGH, LOW, f"a{LOW}b", LOW + HIGH, f"{HIGH}\n"])
+def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str) -> None:
+    """JSON escapes them (``\\ud800``); reading them back, as keys and values, never fails."""
+    session_id = f"s{text}"
+
+    async def write() -> tuple[SessionEvent, ...]:
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            session = host.sessions.create(session_id)
+            session.append("note", {text: text, "list": [text, {text: [text]}]})
+            session.append(f"type{text}", {})
+            await host.sessions.flush(session)
+            return tuple(session.events)
+
+    written = anyio.run(write)
+    backend = JsonlSessionPersistence(tmp_path)
+    assert [header.id for header in anyio.run(backend.list_sessions)] == [session_id]
+    for read in (backend.inspect, backend.load):
+        stored = anyio.run(read, session_id)
+        assert stored.events == written
+        assert [event.type for event in stored.events] == ["note", f"type{text}"]
+        assert stored.events[0].data == {text: text, "list": [text, {text: [text]}]}
+
+
+def test_surrogates_written_raw_by_another_writer_are_read(tmp_path: Path) -> None:
+    """A surrogate as the three bytes UTF-8 would give it, as some writers leave them."""
+    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"}}\n'
+    write_log(tmp_path, "s", encode_header(SessionHeader("s", 1)) + line)
+    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert [event.data for event in loaded.events] == [{"\ud800": "a\udcff"}]
+
+
 # -- nesting ---------------------------------------------------------------------------------
 
 
