@@ -14,7 +14,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -68,6 +68,10 @@ can only on a shallower stack. Data within the bound is encoded and decoded on a
 the caller's stack is too deep, the work is done again on a fresh one (:func:`on_fresh_stack`).
 """
 
+_CONTAINERS: Final = frozenset({list, dict})
+_COUNTED_TEXT: Final = 4096
+"""Up to how many characters an encoding's brackets are counted before its data is measured."""
+
 _encoder: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 _decoder: Final = json.JSONDecoder()
 _encode_string: Final = json.encoder.encode_basestring_ascii
@@ -95,18 +99,18 @@ def _encode(value: object) -> str:
 def json_depth(value: JSON) -> int:
     """How many levels of arrays and objects *value* nests: 0 for a scalar, 1 for ``[1]``.
 
-    Counted a level at a time, without recursion, for a value decoded from JSON (a tree).
+    Counted a level at a time, without recursion, for a value decoded from JSON (a tree of
+    plain lists and dicts); strings, however long, cost nothing.
     """
-    depth = 0
-    level = [value] if isinstance(value, (list, dict)) else []
-    while level:
+    depth, level = 0, [value] if type(value) in _CONTAINERS else []
+    while level:  # the containers at this depth
         depth += 1
-        level = [
-            item
-            for container in level
-            for item in (container.values() if isinstance(container, dict) else container)
-            if isinstance(item, (list, dict))
-        ]
+        below: list[JSON] = []
+        for container in cast("list[list[JSON] | dict[str, JSON]]", level):
+            for item in container.values() if type(container) is dict else container:
+                if type(item) in _CONTAINERS:
+                    below.append(item)
+        level = below
     return depth
 
 
@@ -161,31 +165,31 @@ def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
         or how deep the data nests.
     """
     try:
-        return _checked(event_type, data, fresh_stack=False)
+        return _checked(event_type, data, False)
     except RecursionError:
-        return on_fresh_stack(partial(_checked, event_type, data, fresh_stack=True))
+        return on_fresh_stack(partial(_checked, event_type, data, True))
 
 
-def _checked(event_type: str, data: object, *, fresh_stack: bool) -> tuple[JSONObject, str]:
+def _checked(event_type: str, data: object, fresh_stack: bool, /) -> tuple[JSONObject, str]:
     if not isinstance(data, dict):
         raise EventDataError(
             f"data of {event_type!r} events must be a JSON object, not {type(data).__name__}"
         )
-    encoded: str | None = None
-    copy: JSON = None
     try:
         encoded = _encode(data)
         copy = _decoder.raw_decode(encoded)[0]  # json.loads, minus its checks for whitespace
     except (TypeError, ValueError):
-        encoded = None
+        pass
     except RecursionError:
         if not fresh_stack:
             raise
-        encoded = None  # too deep for a whole stack, so far deeper than the bound
-    if encoded is not None:
-        # The data nests no deeper than it has brackets: most data need not be measured.
-        if len(encoded) > 2 * MAX_JSON_DEPTH and (
-            encoded.count("[") + encoded.count("{") > MAX_JSON_DEPTH
+        # Too deep even for a whole stack, so far deeper than the bound.
+    else:
+        # Data nests no deeper than half its encoding's length, nor than it has brackets, so
+        # most data need not be measured. Counting a long encoding costs more than measuring.
+        size = len(encoded)
+        if size > 2 * MAX_JSON_DEPTH and (
+            size > _COUNTED_TEXT or encoded.count("[") + encoded.count("{") > MAX_JSON_DEPTH
         ):
             depth = json_depth(copy)
             if depth > MAX_JSON_DEPTH:
