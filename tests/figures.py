@@ -30,6 +30,8 @@ class Figures:
     """Workloads run with one fault plan each."""
     recoveries_checked: int = 0
     """Recovered logs put through the invariant checker."""
+    refused_as_corrupt: int = 0
+    """Crash images refused as corrupt, every acknowledged event intact before the named line."""
     violations: int = 0
     """Invariant violations found (a test fails on any)."""
     cancel_schedules: int = 0
@@ -51,7 +53,8 @@ class Figures:
             f"{self.crash_points_killed} crash points killed, "
             f"{self.crash_states_explored} simulated crash states explored, "
             f"{self.faults_injected} faults injected over {self.fault_runs} runs, "
-            f"{self.recoveries_checked} recoveries checked, "
+            f"{self.recoveries_checked} recoveries checked "
+            f"({self.refused_as_corrupt} refused as corrupt, nothing acknowledged at stake), "
             f"{self.violations} invariant violations"
         )
         if self.cancel_schedules:

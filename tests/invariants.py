@@ -16,13 +16,14 @@ from kai_session_checkpoint_policy import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
-    from kai_session_checkpoint_policy.persistence import StoredLog
+    from kai_session_checkpoint_policy.persistence import CorruptLogError, StoredLog
 
 __all__ = [
     "Expected",
     "check_recovery",
     "decode_event",
     "dispatch_problems",
+    "refusal_problems",
     "transcript_problems",
 ]
 
@@ -127,6 +128,7 @@ def check_recovery(
     expected: Expected,
     *,
     effects_during_recovery: int = 0,
+    tail_cut: bool | None = None,
 ) -> list[str]:
     """Check one recovered session against what the live process did.
 
@@ -134,6 +136,8 @@ def check_recovery(
     :param reloaded: The result of loading again, from what the first load left durable.
     :param expected: What the live process did before the crash.
     :param effects_during_recovery: Side effects performed while recovering (must be 0).
+    :param tail_cut: Whether recovery of the crashed log cut a torn tail; by default, whether
+        *recovered* did (a recovery that was itself interrupted may have cut it already).
     """
     if recovered is None:
         if expected.acknowledged or expected.started:
@@ -159,7 +163,9 @@ def check_recovery(
         if event != written:
             problems.append(f"seq {event.seq} changed: stored {event!r}, written {written!r}")
             break
-    # Repair: one result per unanswered call, classified by the evidence in the stored log.
+    # Repair: one result per unanswered call, classified by the evidence in the stored log:
+    # a call is not started only if its tool/call is not there and no bytes were cut after it.
+    cut = recovered.torn_bytes > 0 if tail_cut is None else tail_cut
     recorded = {str(e.data.get("callId")) for e in stored if e.type == "tool/call"}
     tool_calls = [str(e.data.get("callId")) for e in events if e.type == "tool/call"]
     if len(tool_calls) != len(set(tool_calls)):
@@ -168,7 +174,7 @@ def check_recovery(
         if closer.type != "tool/result":
             continue
         call, code = _answered(closer), _code(closer)
-        want = TOOL_OUTCOME_UNKNOWN if call in recorded else TOOL_NOT_STARTED
+        want = TOOL_OUTCOME_UNKNOWN if call in recorded or cut else TOOL_NOT_STARTED
         if code != want:
             problems.append(f"repaired call {call!r} is {code}, its evidence says {want}")
     for call in sorted(expected.started):
@@ -185,6 +191,31 @@ def check_recovery(
         problems.append("a second load did not find the log")
     elif reloaded.events != events or reloaded.repair:
         problems.append("recovery is not idempotent: a second load gives another log")
+    return problems
+
+
+def refusal_problems(
+    refused: CorruptLogError, stored: bytes, left: bytes | None, expected: Expected
+) -> list[str]:
+    """Why refusing a crashed log as corrupt broke a promise; empty if the refusal keeps them.
+
+    Without checksums, damage followed by a complete record (sectors of an unacknowledged batch
+    persisted out of order) cannot be told from damage inside the log, and is refused rather
+    than cut. That is acceptable only if no acknowledged event is lost or misreported: the
+    named line comes after every acknowledged event, every line before it is exactly the event
+    written there, and the log (*stored* before the load, *left* after) is left as it was.
+    """
+    problems: list[str] = []
+    if refused.line - 2 < expected.acknowledged:
+        problems.append(
+            f"refused at seq {refused.line - 2}, but {expected.acknowledged} events were "
+            f"acknowledged: {refused}"
+        )
+    lines = stored.split(b"\n")[1 : refused.line - 1]
+    if [decode_event(line.decode()) for line in lines] != list(expected.written[: len(lines)]):
+        problems.append(f"the lines before the refused one are not the events written: {refused}")
+    if left != stored:
+        problems.append(f"the refusal changed the log: {refused}")
     return problems
 
 

@@ -36,7 +36,8 @@ Keeping it honest (:class:`RecordingOs`)
 
 Recovering images (:class:`Explorer`, :func:`explore`)
     Every image is recovered by a fresh backend on a layer holding it, loaded again after a
-    second power loss, and checked with :func:`~.invariants.check_recovery`.
+    second power loss, and checked with :func:`~.invariants.check_recovery`; a log refused as
+    corrupt instead is checked with :func:`~.invariants.refusal_problems`.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ from kai_session_checkpoint_policy.persistence import (
     OsFiles,
     SessionNotFoundError,
     StoredLog,
+    encode_session_id,
 )
 from kai_session_checkpoint_policy.persistence.files import TEMPORARY_NAME
+from kai_session_checkpoint_policy.persistence.format import LOG_NAME
 
 from .crash_child import MemoryRecorder, Workload, run_workload
-from .invariants import Expected, check_recovery
+from .invariants import Expected, check_recovery, refusal_problems
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -808,7 +811,8 @@ class Explorer:
         self.seen: set[tuple[tuple[str, bytes | None], ...]] = set()
         self.images = 0
         self.checks = 0
-        self.tolerated = 0
+        self.refusals = 0
+        """Images refused as corrupt without losing or misreporting an acknowledged event."""
         self.violations: list[str] = []
         self.samples: list[tuple[CrashImage, dict[str, StoredLog | None]]] = []
         self.recoveries: list[
@@ -861,6 +865,7 @@ class Explorer:
         self.images += 1
         sim = SimFiles(self.base, image=image, mirror=self.mirror, record=True)
         first = await self.load_all(sim)
+        after = sim.cache_image()
         states = list(sim.states)
         sim.lose_unsynced()
         second = await self.load_all(sim)
@@ -869,17 +874,21 @@ class Explorer:
             self.checks += 1
             where = f"{how}, session {session_id}"
             if isinstance(recovered, CorruptLogError):
-                if self.sectors and recovered.line - 2 >= expected[session_id].acknowledged:
-                    self.tolerated += 1  # reordered sectors of an unacknowledged batch
-                else:
-                    self.violations.append(f"{where}: {recovered}")
+                log = f"{STORE}/{encode_session_id(session_id)}/{LOG_NAME}"
+                stored, left = image[log], after.get(log)
+                assert stored is not None  # a refusal names a log it read
+                found = refusal_problems(recovered, stored, left, expected[session_id])
+                self.violations += [f"{where}: {problem}" for problem in found]
+                self.refusals += not found
                 continue
             reloaded = second[session_id]
             if isinstance(reloaded, CorruptLogError):
                 self.violations.append(f"{where}: the second load failed: {reloaded}")
                 continue
-            found = check_recovery(recovered, reloaded, expected[session_id])
             wanted = None if exact is None else exact.get(session_id)
+            # A recovery that was interrupted and run again cut what the first attempt did.
+            tail_cut = None if wanted is None else wanted.torn_bytes > 0
+            found = check_recovery(recovered, reloaded, expected[session_id], tail_cut=tail_cut)
             if wanted is not None and recovered is not None and recovered.events != wanted.events:
                 found.append("an interrupted recovery ends elsewhere than an uninterrupted one")
             self.violations += [f"{where}: {problem}" for problem in found]

@@ -1,8 +1,10 @@
 """Bad input, end to end: each is refused with a clear error, and nothing on disk changes.
 
-Session ids that look like paths, event data JSON cannot carry unchanged, logs damaged inside
-their committed region, a truncated header, a header from a newer release, a log that is a
-symbolic link out of the root, and a second process writing a session another one holds.
+Session ids that look like paths, event data JSON cannot carry unchanged or nested too deep,
+logs damaged inside their committed region or holding a complete line of an unexpected shape,
+times out of range, a truncated header, a header from a newer release, a log copied into
+another session's directory, a log that is a symbolic link out of the root, and a second
+process writing a session another one holds.
 Where the refusal happens at a checkpoint, the checkpoint fails closed: the model request or
 the tool body that depended on it does not run.
 """
@@ -12,11 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
@@ -26,12 +30,14 @@ import pytest
 from hypothesis import given, settings
 
 from kai_session_checkpoint_policy import (
+    MAX_JSON_DEPTH,
     Agent,
     EventDataError,
     Host,
     Session,
     SessionEvent,
     SessionExistsError,
+    cli,
     policy,
 )
 from kai_session_checkpoint_policy.persistence import (
@@ -45,6 +51,12 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     UnsupportedFormatError,
     encode_session_id,
+)
+from kai_session_checkpoint_policy.persistence.format import (
+    MAX_TIME,
+    SessionHeader,
+    encode_header,
+    scan_log,
 )
 
 from .crash_child import (
@@ -60,13 +72,14 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
-from .persistence_helpers import tree
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import FrameType
 
-    from kai_session_checkpoint_policy import JSON, TurnOutcome
+    from kai_session_checkpoint_policy import JSON, JSONObject, TurnOutcome
 
 T = TypeVar("T")
 
@@ -181,6 +194,7 @@ def test_an_empty_id_is_refused(tmp_path: Path) -> None:
     [
         ({"x": math.nan}, "data['x'] is nan"),
         ({"x": [1, math.inf]}, "data['x'][1] is inf"),
+        ({"x": {"y": -math.inf}}, "data['x']['y'] is -inf"),
         ({"x": {1: "one"}}, "data['x'] has the non-string key 1"),
         ({"x": b"bytes"}, "data['x'] is of type bytes"),
         ({"x": (1, 2)}, "data['x'] is of type tuple"),
@@ -237,38 +251,232 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
         )
 
 
+HIGH, LOW = chr(0xD800), chr(0xDFFF)
+
+
+@pytest.mark.parametrize("text", [HIGH, LOW, f"a{LOW}b", LOW + HIGH, f"{HIGH}\n"])
+def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str) -> None:
+    """JSON escapes them (``\\ud800``); reading them back, as keys and values, never fails."""
+    session_id = f"s{text}"
+
+    async def write() -> tuple[SessionEvent, ...]:
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            session = host.sessions.create(session_id)
+            session.append("note", {text: text, "list": [text, {text: [text]}]})
+            session.append(f"type{text}", {})
+            await host.sessions.flush(session)
+            return tuple(session.events)
+
+    written = anyio.run(write)
+    backend = JsonlSessionPersistence(tmp_path)
+    assert [header.id for header in anyio.run(backend.list_sessions)] == [session_id]
+    for read in (backend.inspect, backend.load):
+        stored = anyio.run(read, session_id)
+        assert stored.events == written
+        assert [event.type for event in stored.events] == ["note", f"type{text}"]
+        assert stored.events[0].data == {text: text, "list": [text, {text: [text]}]}
+
+
+def test_surrogates_written_raw_by_another_writer_are_read(tmp_path: Path) -> None:
+    """A surrogate as the three bytes UTF-8 would give it, as some writers leave them."""
+    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"}}\n'
+    write_log(tmp_path, "s", encode_header(SessionHeader("s", 1)) + line)
+    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert [event.data for event in loaded.events] == [{"\ud800": "a\udcff"}]
+
+
+# -- nesting ---------------------------------------------------------------------------------
+
+
+STACKS: Final = ["shallow stack", "deep recursion", "worker thread"]
+
+
+def on_stack(stack: str, function: Callable[[], T]) -> T:
+    """Call *function* on a shallow stack, 40 frames short of the recursion limit, or in a
+    worker thread."""
+    if stack == "worker thread":
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(function).result()
+    if stack == "shallow stack":
+        return function()
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return _recurse(sys.getrecursionlimit() - 40 - depth, function)
+
+
+def _recurse(frames: int, function: Callable[[], T]) -> T:
+    return function() if frames <= 0 else _recurse(frames - 1, function)
+
+
+def nested(depth: int) -> JSONObject:
+    """An object that nests *depth* levels of objects and arrays, itself included."""
+    value: JSON = "leaf"
+    for level in range(depth - 1):
+        value = {"k": value} if level % 2 else [value]
+    return {"v": value}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 980, 100_000])
+def test_data_nested_deeper_than_the_bound_is_refused_naming_its_depth(
+    stack: str, depth: int
+) -> None:
+    admitted: list[SessionEvent] = []
+    session = Session("s", on_append=lambda _, event: admitted.append(event))
+    data = nested(depth)
+    with pytest.raises(EventDataError) as refused:
+        on_stack(stack, lambda: session.append("note", data))
+    nests = "more than 64" if depth == 100_000 else depth  # too deep even to encode
+    assert str(refused.value) == (
+        f"data of a 'note' event is nested {nests} levels deep (arrays and objects); at most 64 "
+        "levels are allowed"
+    )
+    assert (session.seq, admitted) == (0, [])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_data_at_the_bound_is_appended_and_read_back_on_any_stack(
+    tmp_path: Path, stack: str
+) -> None:
+    session = Session("s")
+    event = on_stack(stack, lambda: session.append("note", nested(MAX_JSON_DEPTH)))
+    path = write_log(tmp_path, "s", log_bytes("s", [event]))
+    scan = on_stack(stack, lambda: scan_log(path.read_bytes(), path))
+    assert scan.events == (event,)
+    assert scan.events[0].data == nested(MAX_JSON_DEPTH)
+    assert anyio.run(JsonlSessionPersistence(tmp_path).load, "s").events == (event,)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 100_000])
+def test_a_line_nested_deeper_than_the_bound_is_corrupt_on_any_stack(
+    tmp_path: Path, stack: str, depth: int
+) -> None:
+    logged = events(*COMPLETE_TURN)
+    deep = "[" * (depth - 1) + "]" * (depth - 1)  # in {"x": ...}, the data: *depth* levels
+    line = f'{{"type":"note","seq":6,"time":1,"data":{{"x":{deep}}}}}\n'.encode()
+    path = write_log(tmp_path, "s", log_bytes("s", logged) + line)  # the last line
+    nests = "more than 65" if depth == 100_000 else depth + 1  # too deep even to decode
+    problem = (
+        f"the line is nested {nests} levels deep; an event line nests at most 65 (its data at "
+        "most 64)"
+    )
+    with pytest.raises(CorruptLogError) as refused:
+        on_stack(stack, lambda: scan_log(path.read_bytes(), path))
+    assert (refused.value.path, refused.value.line, refused.value.problem) == (path, 8, problem)
+    before = tree(tmp_path, locks=False)
+    for read in (JsonlSessionPersistence(tmp_path).inspect, JsonlSessionPersistence(tmp_path).load):
+        with pytest.raises(CorruptLogError, match=f"line 8: {re.escape(problem)}$"):
+            anyio.run(read, "s")
+    assert tree(tmp_path, locks=False) == before
+
+
 # -- damaged logs ----------------------------------------------------------------------------
 
 
 DAMAGE: Final[dict[str, Callable[[bytes], bytes]]] = {
     "garbage": lambda line: b"\x00\xffnot json at all",
     "cut short": lambda line: line[: len(line) // 2],
+    "zeros": lambda line: bytes(len(line)),
+}
+"""Damage that leaves no complete record: a torn tail if nothing but more of it follows."""
+
+SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
     "wrong seq": lambda line: line.replace(b'"seq":', b'"seq":1', 1),
     "extra field": lambda line: line[:-1] + b',"extra":1}',
+    "missing field": lambda line: re.sub(rb'"time":\d+,', b"", line),
+    "seq as a string": lambda line: re.sub(rb'"seq":(\d+)', rb'"seq":"\1"', line),
     "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
+    "1e999": lambda line: line.replace(b'"data":{', b'"data":{"big":1e999,', 1),
+    "time in the year 10000": lambda line: re.sub(rb'"time":\d+', b'"time":253402300800000', line),
+    "nested 100000 deep": lambda line: line.replace(
+        b'"data":{', b'"data":{"deep":' + b"[" * 100_000 + b"]" * 100_000 + b",", 1
+    ),
 }
+"""A complete record of an unexpected shape: written whole, so never a torn tail."""
 
 
-@pytest.mark.parametrize("damage", DAMAGE)
-def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
-    tmp_path: Path, damage: str
-) -> None:
-    path, written = stored(tmp_path)
-    lines = path.read_bytes().split(b"\n")
-    line = 6  # an event of the first turn; both turns end later
-    lines[line - 1] = DAMAGE[damage](lines[line - 1])
-    path.write_bytes(b"\n".join(lines))
-    before = tree(tmp_path)
-    backend = JsonlSessionPersistence(tmp_path)
+def open_turn_log(root: Path) -> tuple[Path, list[SessionEvent], int]:
+    """A log of two turns, the last one still open; its path, events, and the first line of
+    the open turn that other events follow."""
+    path, written = stored(root)
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b"\n", 0, -1) + 1])  # without the last turn/end
+    start = max(i for i, event in enumerate(written) if event.type == "turn/start")
+    return path, written[:-1], start + 3  # the line of the event after the turn's step/start
+
+
+def assert_refused_and_left_alone(
+    root: Path, path: Path, line: int, seed: list[SessionEvent]
+) -> str:
+    """Reading the log at *path* fails naming *line*, and nothing on disk changes; the message."""
+    before = tree(root)
+    backend = JsonlSessionPersistence(root)
     for read in (backend.inspect, backend.load):
         with pytest.raises(CorruptLogError) as refused:
             anyio.run(read, "s")
         assert refused.value.path == path
         assert refused.value.line == line
         assert str(refused.value).startswith(f"corrupt session log {path}, line {line}: ")
-    outcome = anyio.run(resume_turn, tmp_path, "s", written)
+    outcome = anyio.run(resume_turn, root, "s", seed)
     assert isinstance(outcome.error, CorruptLogError)
-    assert tree(tmp_path) == before
+    assert tree(root) == before
+    return refused.value.problem
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, *SHAPES])
+def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
+    tmp_path: Path, damage: str
+) -> None:
+    path, written = stored(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    line = 6  # an event of the first turn; both turns end later
+    lines[line - 1] = {**DAMAGE, **SHAPES}[damage](lines[line - 1])
+    path.write_bytes(b"\n".join(lines))
+    assert_refused_and_left_alone(tmp_path, path, line, written)
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, *SHAPES])
+def test_a_damaged_line_in_the_open_turn_is_named_and_the_events_after_it_kept(
+    tmp_path: Path, damage: str
+) -> None:
+    """No ``turn/end`` follows the damage, but complete events do: it is not a torn tail."""
+    path, written, line = open_turn_log(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    assert len(lines) > line + 1  # complete events follow
+    lines[line - 1] = {**DAMAGE, **SHAPES}[damage](lines[line - 1])
+    path.write_bytes(b"\n".join(lines))
+    problem = assert_refused_and_left_alone(tmp_path, path, line, written)
+    if damage in DAMAGE:
+        assert problem.endswith(
+            f"line {line + 1} after it is a complete record, so this is not a torn tail"
+        )
+
+
+@pytest.mark.parametrize("damage", SHAPES)
+def test_a_last_line_of_an_unexpected_shape_is_named_not_cut(tmp_path: Path, damage: str) -> None:
+    path, written, _ = open_turn_log(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    lines[-2] = SHAPES[damage](lines[-2])  # the last event; lines[-1] is empty
+    path.write_bytes(b"\n".join(lines))
+    assert_refused_and_left_alone(tmp_path, path, len(lines) - 1, written)
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_on_the_last_lines_only_is_cut_as_a_torn_tail(tmp_path: Path, damage: str) -> None:
+    path, written, _ = open_turn_log(tmp_path)
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    last, before_last = lines[-2], lines[-3]
+    tail = DAMAGE[damage](before_last) + b"\n" + DAMAGE[damage](last) + b"\n"
+    committed = len(data) - len(last) - len(before_last) - 2
+    path.write_bytes(data[:committed] + tail)
+    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert list(loaded.events[: -len(loaded.repair)]) == written[:-2]
+    assert loaded.torn_bytes == len(tail)
+    assert path.with_name(f"{LOG}.torn-{committed}").read_bytes() == tail
 
 
 @pytest.mark.parametrize("header", [b"", b'{"format":"kai-ses', b'{"format":"kai-session"'])
@@ -298,6 +506,72 @@ def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -
     outcome = anyio.run(resume_turn, tmp_path, "s", written)
     assert isinstance(outcome.error, UnsupportedFormatError)
     assert tree(tmp_path) == before
+
+
+HUGE: Final = 10**30
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("list",), 1),
+        (("inspect", "s"), 1),
+        (("recover", "s"), 1),
+        (("inspect", "t"), 3),
+        (("recover", "t"), 3),
+    ],
+)
+def test_times_out_of_range_are_named_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], line: int
+) -> None:
+    """A time past the year 9999 used to crash the command's date formatting."""
+    (first, *_) = events(("turn/start", {"turn": 1}))
+    later = SessionEvent("turn/end", 1, HUGE, {"turn": 1})
+    path = write_log(tmp_path, "s", encode_header(SessionHeader("s", HUGE)) + b"")
+    other = write_log(tmp_path / "other", "t", log_bytes("t", [first, later]))
+    root = tmp_path if args[-1] != "t" else tmp_path / "other"
+    before = tree(tmp_path, locks=False)
+    command, *session = args
+    assert cli.main([command, str(root), *session]) == cli.EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    named = path if root == tmp_path else other
+    what = "the header's createdAt" if line == 1 else "the event time"
+    listing = f"cannot list {named.parent}: " if command == "list" else ""
+    assert (out, err) == (
+        "",
+        f"kai-checkpoint: {listing}corrupt session log {named}, line {line}: {what} is not an "
+        "integer from 0 to 253402300799999 (epoch milliseconds up to the year 9999)\n",
+    )
+    assert tree(tmp_path, locks=False) == before
+
+
+def test_the_latest_time_a_log_may_hold_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_log(tmp_path, "s", encode_header(SessionHeader("s", MAX_TIME)))
+    assert cli.main(["list", str(tmp_path)]) == 0
+    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\n", "")
+
+
+# -- a log in another session's place --------------------------------------------------------
+
+
+def test_a_log_copied_into_another_sessions_directory_is_refused_untouched(
+    tmp_path: Path,
+) -> None:
+    """Recovery would otherwise cut and close a log it does not own, under the wrong id."""
+    source, _ = stored(tmp_path / "source", "a")
+    data = source.read_bytes()
+    path = write_log(tmp_path / "root", "b", data[: data.rindex(b"\n", 0, -1) + 1] + b'{"ty')
+    before = tree(tmp_path, locks=False)
+    backend = JsonlSessionPersistence(tmp_path / "root")
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(PersistenceError) as refused:
+            anyio.run(read, "b")
+        assert str(refused.value) == (
+            f"{path} belongs to session 'a', not 'b'; refusing to read or change it as that session"
+        )
+    assert tree(tmp_path, locks=False) == before
 
 
 # -- symbolic links --------------------------------------------------------------------------

@@ -93,6 +93,7 @@ class FaultRun:
     injected: int
     images: int
     checks: int
+    refusals: int
     problems: list[str]
 
 
@@ -133,7 +134,9 @@ def run_with_faults(
                 events = recorder.events[session_id]
                 if not isinstance(log, StoredLog) or log.events != tuple(events):
                     problems.append(f"{session_id}: not every event became durable: {log}")
-    return FaultRun(plans, sim.injected, explorer.images, explorer.checks, problems)
+    return FaultRun(
+        plans, sim.injected, explorer.images, explorer.checks, explorer.refusals, problems
+    )
 
 
 def triggers(kind: FaultKind) -> tuple[FaultPlan, ...]:
@@ -175,6 +178,7 @@ def test_every_failing_operation_is_fail_closed(
         fault_runs=len(runs),
         crash_states_explored=sum(run.images for run in runs),
         recoveries_checked=sum(run.checks for run in runs),
+        refused_as_corrupt=sum(run.refusals for run in runs),
         violations=len(problems),
     )
     assert runs, f"the workload performs no {kind} operation"
@@ -210,6 +214,7 @@ def test_generated_workloads_are_fail_closed_under_any_fault(
         fault_runs=1,
         crash_states_explored=run.images,
         recoveries_checked=run.checks,
+        refused_as_corrupt=run.refusals,
         violations=len(run.problems),
     )
     assert run.problems == []
@@ -389,6 +394,7 @@ def test_a_failed_recovery_leaves_a_log_that_recovers_the_same(
         fault_runs=runs,
         crash_states_explored=explorer.images,
         recoveries_checked=explorer.checks,
+        refused_as_corrupt=explorer.refusals,
         violations=len(problems),
     )
     assert problems == []

@@ -14,6 +14,8 @@ import anyio.to_thread
 import pytest
 
 from kai_session_checkpoint_policy import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
     Agent,
     Finish,
     Host,
@@ -33,11 +35,13 @@ from kai_session_checkpoint_policy.persistence import (
     FORMAT_VERSION,
     JsonlSessionPersistence,
     LiveSessionError,
+    OsFiles,
     PersistenceError,
     RollbackError,
     SeqMismatchError,
     SessionLockedError,
     SessionNotFoundError,
+    StoredLog,
 )
 from kai_session_checkpoint_policy.persistence.format import LOG_NAME, encode_session_id
 
@@ -45,6 +49,7 @@ from .persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
     GatedFiles,
+    assistant,
     event,
     events,
     lines,
@@ -529,6 +534,59 @@ async def test_cancelling_a_flush_never_tears_its_write(tmp_path: Path) -> None:
         assert scope.cancelled_caught
         assert backend.durable_count("shielded") == 3
     assert [line.get("seq") for line in lines(log_path(tmp_path, "shielded"))] == [None, 0, 1, 2]
+
+
+def asked_for_a_call(tmp_path: Path, tail: bytes) -> Path:
+    """A log whose last complete line is an assistant message asking for call c1; then *tail*."""
+    logged = events(*COMPLETE_TURN[:3], assistant(1, 1, "c1"))
+    return write_log(tmp_path, "asked", log_bytes("asked", logged) + tail)
+
+
+def call_outcome(stored: StoredLog) -> object:
+    (result,) = [event for event in stored.repair if event.type == "tool/result"]
+    error = result.data["error"]
+    assert isinstance(error, dict)
+    return error["code"]
+
+
+@pytest.mark.parametrize(
+    ("tail", "outcome"),
+    [(b'{"type":"tool/call","seq":4,"ti', TOOL_OUTCOME_UNKNOWN), (b"", TOOL_NOT_STARTED)],
+    ids=["torn tail", "no tail"],
+)
+async def test_a_call_is_not_started_only_if_nothing_was_cut_after_it(
+    tmp_path: Path, tail: bytes, outcome: str
+) -> None:
+    """The bytes a recovery cuts may have been the call's tool/call (its body may have run)."""
+    asked_for_a_call(tmp_path, tail)
+    backend = JsonlSessionPersistence(tmp_path)
+    assert call_outcome(await backend.inspect("asked")) == outcome
+    loaded = await backend.load("asked")
+    assert call_outcome(loaded) == outcome
+    assert loaded.torn_bytes == len(tail)
+
+
+class RepairFails(OsFiles):
+    """Real files, except that writing the closers of an interrupted turn fails."""
+
+    def write(self, fd: int, data: bytes) -> None:
+        if b'"reason":{"kind":"interrupted"}' in data:
+            raise OSError(5, "injected failure to append the repair")
+        super().write(fd, data)
+
+
+async def test_a_recovery_interrupted_after_its_cut_still_knows_bytes_were_cut(
+    tmp_path: Path,
+) -> None:
+    """The first recovery cuts the tail, then fails to append its repair; the next one finds the
+    log ending cleanly, but the kept bytes say that something was cut there."""
+    path = asked_for_a_call(tmp_path, b'{"type":"tool/call","seq":4,"ti')
+    with pytest.raises(OSError, match="injected failure to append the repair"):
+        await JsonlSessionPersistence(tmp_path, files=RepairFails()).load("asked")
+    assert path.read_bytes().endswith(b"\n")  # the cut is done, the repair is not
+    for read in (JsonlSessionPersistence(tmp_path).inspect, JsonlSessionPersistence(tmp_path).load):
+        stored = await read("asked")
+        assert (stored.torn_bytes, call_outcome(stored)) == (0, TOOL_OUTCOME_UNKNOWN)
 
 
 async def test_a_second_torn_tail_at_the_same_offset_is_kept_too(tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ def test_a_power_loss_at_any_moment_loses_nothing_acknowledged(
         request,
         crash_states_explored=explorer.images,
         recoveries_checked=explorer.checks,
+        refused_as_corrupt=explorer.refusals,
         violations=len(explorer.violations),
     )
     assert explorer.violations == []
@@ -78,15 +79,17 @@ def test_reordered_sectors_never_cost_an_acknowledged_event(
     """Sectors of an unsynced write persisted out of order (old, new or garbage each).
 
     Without per-record checksums a reader cannot always tell such a batch from damage inside
-    the committed region: when a complete ``turn/end`` survives after a damaged sector, the
-    load refuses the log as corrupt instead of guessing. The refusal must always name a line
-    after every acknowledged event; anything else must recover with every invariant.
+    the committed region: when a complete record survives after a damaged sector, the load
+    refuses the log as corrupt instead of guessing. The refusal must name a line after every
+    acknowledged event, every line before it must hold the event written there, and the log
+    must be left as it was; anything else must recover with every invariant.
     """
     explorer = explore(workload, seed, "asyncio", sectors=True)
     figures.add(
         request,
         crash_states_explored=explorer.images,
         recoveries_checked=explorer.checks,
+        refused_as_corrupt=explorer.refusals,
         violations=len(explorer.violations),
     )
     assert explorer.violations == []

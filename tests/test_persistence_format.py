@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kai_session_checkpoint_policy.events import JSONObject
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
@@ -16,7 +17,12 @@ from kai_session_checkpoint_policy.persistence import (
     decode_session_id,
     encode_session_id,
 )
-from kai_session_checkpoint_policy.persistence.format import SessionHeader, encode_header, scan_log
+from kai_session_checkpoint_policy.persistence.format import (
+    MAX_TIME,
+    SessionHeader,
+    encode_header,
+    scan_log,
+)
 
 from .persistence_helpers import COMPLETE_TURN, events, log_bytes
 
@@ -87,12 +93,108 @@ def test_a_final_line_without_newline_is_a_torn_tail() -> None:
     assert scan.torn == b'{"type":"assistant/ch'
 
 
-def test_a_damaged_line_after_the_last_turn_end_starts_the_tail() -> None:
-    data = log_bytes("s", events(*COMPLETE_TURN, ("turn/start", {"turn": 2})))
-    tail = b"\x00\x00garbage\n" + b'{"type":"step/start","seq":7,"time":1,"data":{}}\n'
+OPEN_TURN: list[tuple[str, JSONObject]] = [
+    *COMPLETE_TURN,
+    ("turn/start", {"turn": 2}),
+    ("step/start", {"turn": 2, "step": 1}),
+]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\x00\x00garbage\n",
+        b"\x00" * 300 + b"\n" + b"\x00" * 100,
+        b'{"type":"assistant/chunk","se\x00\x00\n\xff\n{"type":"tool/ca',
+        b"[1,2\n7\n",  # not objects, so not records
+    ],
+)
+def test_trailing_lines_none_of_them_a_record_are_a_torn_tail(tail: bytes) -> None:
+    data = log_bytes("s", events(*OPEN_TURN))
     scan = scan_log(data + tail, PATH)
-    assert [e.type for e in scan.events][-1] == "turn/start"
-    assert scan.torn == tail
+    assert len(scan.events) == 8
+    assert (scan.committed_bytes, scan.torn) == (len(data), tail)
+
+
+def test_a_damaged_line_in_an_open_turn_followed_by_a_record_is_corruption() -> None:
+    """No turn/end follows the damage, yet the events after it are complete: never cut."""
+    logged = events(*OPEN_TURN, ("assistant/chunk", {"turn": 2}), ("tool/call", {"turn": 2}))
+    body = log_bytes("s", logged).splitlines(keepends=True)
+    body[9] = b"\x00\x00garbage\n"  # the chunk (seq 8); the tool/call follows it
+    with pytest.raises(CorruptLogError) as caught:
+        scan_log(b"".join(body), PATH)
+    assert (caught.value.path, caught.value.line) == (PATH, 10)
+    assert caught.value.problem == (
+        "not valid JSON (Expecting value: line 1 column 1 (char 0)); line 11 after it is a "
+        "complete record, so this is not a torn tail"
+    )
+
+
+def test_damage_followed_by_a_record_of_another_shape_names_the_damage() -> None:
+    data = log_bytes("s", events(*OPEN_TURN))
+    tail = b"\x00garbage\n\x00\n" + b'{"type":"step/end","seq":99,"time":1,"data":{}}\n'
+    with pytest.raises(CorruptLogError, match=r"line 10: not valid JSON .*line 12 after it is"):
+        scan_log(data + tail, PATH)
+
+
+DEEP = "[" * 65 + "]" * 65
+SHAPES = {
+    "an extra key": (b'{"type":"x","seq":8,"time":1,"data":{},"extra":1}', "not an event envelope"),
+    "a missing key": (b'{"type":"x","seq":8,"data":{}}', "not an event envelope"),
+    "a seq as a string": (b'{"type":"x","seq":"8","time":1,"data":{}}', "seq is not an integer"),
+    "a type that is not a string": (b'{"type":8,"seq":8,"time":1,"data":{}}', "the event type"),
+    "data that is not an object": (b'{"type":"x","seq":8,"time":1,"data":[]}', "the event data"),
+    "a seq out of order": (b'{"type":"x","seq":9,"time":1,"data":{}}', "seq 9 where 8 was"),
+    "a repeated seq": (b'{"type":"x","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
+    "NaN": (b'{"type":"x","seq":8,"time":1,"data":{"v":NaN}}', "NaN is not a finite number"),
+    "-Infinity": (b'{"type":"x","seq":8,"time":1,"data":{"v":-Infinity}}', "-Infinity is not"),
+    "1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":1e999}}', "1e999 is not a finite"),
+    "-1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":-1e999}}', "-1e999 is not a finite"),
+    "a 400-digit float": (
+        b'{"type":"x","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
+        "is not a finite number",
+    ),
+    "a negative time": (b'{"type":"x","seq":8,"time":-1,"data":{}}', "the event time is not an"),
+    "a time after the year 9999": (
+        b'{"type":"x","seq":8,"time":253402300800000,"data":{}}',
+        "the event time is not an integer from 0 to 253402300799999",
+    ),
+    "a time of 10**30": (
+        b'{"type":"x","seq":8,"time":%d,"data":{}}' % 10**30,
+        "the event time is not an integer from 0 to 253402300799999",
+    ),
+    "data nested 65 levels": (
+        b'{"type":"x","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
+        "the line is nested 66 levels deep; an event line nests at most 65 (its data at most 64)",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("last", [True, False], ids=["last line", "before more events"])
+def test_a_complete_record_of_an_unexpected_shape_is_corruption_anywhere(
+    shape: str, last: bool
+) -> None:
+    """Such a line was written whole; cutting it could cut a durable tool/call."""
+    line, problem = SHAPES[shape]
+    data = log_bytes("s", events(*OPEN_TURN)) + line + b"\n"
+    if not last:
+        data += b'{"type":"x","seq":9,"time":1,"data":{}}\n'
+    with pytest.raises(CorruptLogError) as caught:
+        scan_log(data, PATH)
+    assert caught.value.line == 10
+    assert problem in caught.value.problem
+    assert "torn tail" not in caught.value.problem
+
+
+def test_the_bounds_themselves_are_read() -> None:
+    deepest = "[" * 63 + "]" * 63  # inside {"v": ...} inside the data: 64 levels
+    line = f'{{"type":"x","seq":0,"time":{MAX_TIME},"data":{{"v":{deepest}}}}}\n'
+    header = b'{"format":"kai-session","version":1,"id":"s","createdAt":%d}\n' % MAX_TIME
+    scan = scan_log(header + line.encode(), PATH)
+    assert scan.header.created_at == scan.events[0].time == MAX_TIME
+    assert scan.events[0].data == json.loads(line)["data"]
+    assert scan.torn == b""
 
 
 def test_a_damaged_line_before_a_turn_end_is_corruption() -> None:
@@ -138,9 +240,18 @@ def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, messag
         (b'{"format":"kai-session","vers', "the header line is incomplete"),
         (b'{"format":"other"}\n', "the first line is not a kai-session header"),
         (b'{"format":"kai-session","version":1,"createdAt":0}\n', "the header has no session id"),
+        *(
+            (
+                b'{"format":"kai-session","version":1,"id":"s","createdAt":%s}\n' % created,
+                "the header's createdAt is not an integer from 0 to 253402300799999 (epoch "
+                "milliseconds up to the year 9999)",
+            )
+            for created in (b"-1", b"253402300800000", b"%d" % 10**30, b"1e999", b"1.5")
+        ),
         (
-            b'{"format":"kai-session","version":1,"id":"s","createdAt":-1}\n',
-            "the header's createdAt is not a non-negative integer",
+            b'{"format":"kai-session","version":1,"id":"s","createdAt":0,"x":%s}\n'
+            % (b"[" * 100_000 + b"]" * 100_000),
+            "the first line is not a kai-session header",
         ),
     ],
 )
@@ -150,9 +261,9 @@ def test_bad_headers_name_line_one(data: bytes, problem: str) -> None:
     assert (caught.value.line, caught.value.problem) == (1, problem)
 
 
-def test_nan_in_a_stored_line_is_damage() -> None:
+def test_nan_in_a_stored_line_is_corruption() -> None:
     data = log_bytes("s", events(*COMPLETE_TURN))
     bad = b'{"type":"x","seq":6,"time":1,"data":{"v":NaN}}\n'
     end = json.dumps({"type": "turn/end", "seq": 7, "time": 1, "data": {}}).encode() + b"\n"
-    with pytest.raises(CorruptLogError, match=r"line 8: not valid JSON \(NaN is not JSON\)"):
+    with pytest.raises(CorruptLogError, match=r"line 8: NaN is not a finite number$"):
         scan_log(data + bad + end, PATH)

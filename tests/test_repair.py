@@ -77,6 +77,23 @@ def test_a_call_without_tool_call_was_not_started() -> None:
     }
 
 
+def test_after_a_cut_tail_a_call_without_tool_call_has_an_unknown_outcome() -> None:
+    """The cut bytes may have held the call's tool/call: nothing proves it never started."""
+    logged = events(*OPEN_TURN_2, assistant(2, 1, "c1", "c2"), tool_call(2, 1, "c2"))
+    for tail_cut, first in ((False, "TOOL_NOT_STARTED"), (True, "TOOL_OUTCOME_UNKNOWN")):
+        closers = interrupted_turn_closers(logged, tail_cut=tail_cut)
+        assert [(c.type, c.seq) for c in closers] == [
+            ("tool/result", 6),
+            ("tool/result", 7),
+            ("step/end", 8),
+            ("turn/end", 9),
+        ]
+        assert [c.data["error"]["code"] for c in closers[:2]] == [  # type: ignore[call-overload,index]
+            first,
+            "TOOL_OUTCOME_UNKNOWN",
+        ]
+
+
 def test_a_recorded_call_without_result_has_an_unknown_outcome() -> None:
     logged = events(*OPEN_TURN_2, assistant(2, 1, "c1"), tool_call(2, 1, "c1"))
     result, step_end, turn_end = interrupted_turn_closers(logged)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kai_session_checkpoint_policy.events import SessionEvent, encode_data
 from kai_session_checkpoint_policy.persistence import format as log_format
 from kai_session_checkpoint_policy.persistence.errors import PersistenceError
-from kai_session_checkpoint_policy.persistence.format import SessionHeader, encode_header
+from kai_session_checkpoint_policy.persistence.format import MAX_TIME, SessionHeader, encode_header
 
 from .strategies import json_values
 
@@ -31,7 +31,7 @@ def event_lines(draw: st.DrawFn) -> list[bytes]:
     for seq in range(draw(st.integers(0, 12))):
         data = draw(st.dictionaries(st.text(max_size=3), json_values, max_size=3))
         copy, encoded = encode_data("x", data)
-        event = SessionEvent(draw(event_types), seq, draw(st.integers(0, 2**53)), copy, encoded)
+        event = SessionEvent(draw(event_types), seq, draw(st.integers(0, MAX_TIME)), copy, encoded)
         lines.append(event.encode().encode())
     return lines
 
@@ -59,6 +59,10 @@ def _damaged(line: bytes, how: int, other: bytes) -> list[bytes]:
         [b"2]}}"],
         [line.replace(b'"seq":', b'"seq":1', 1)],  # the wrong seq
         [line, line],  # a repeat
+        [line.replace(b'"data":{', b'"data":{"n":-1e999,', 1)],  # not a finite number
+        [line.replace(b'"time":', b'"time":-', 1)],  # a time out of range
+        [line.replace(b'"data":{', b'"data":{"n":' + b"[" * 70 + b"]" * 70 + b",", 1)],
+        [b"[" * 100_000 + b"]" * 100_000],  # deeper than any decoder's stack
     ][how]
 
 
@@ -70,7 +74,7 @@ def logs(draw: st.DrawFn) -> bytes:
             break
         index = draw(st.integers(0, len(lines) - 1))
         other = lines[draw(st.integers(0, len(lines) - 1))]
-        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 18)), other)
+        lines[index : index + 1] = _damaged(lines[index], draw(st.integers(0, 22)), other)
     if draw(st.booleans()):
         lines.append(b'{"type":"turn/end","seq":99,"time":0,"data":{}}')
     data = encode_header(SessionHeader("s", 1)) + b"".join(line + b"\n" for line in lines)

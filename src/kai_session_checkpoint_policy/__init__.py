@@ -45,6 +45,7 @@ if _typing.TYPE_CHECKING:
     from .events import (
         EVENT_TYPES,
         JSON,
+        MAX_JSON_DEPTH,
         EventDataError,
         JSONObject,
         SessionEvent,
@@ -134,6 +135,7 @@ _LAZY: _typing.Final = {
     "tool_call_block": ".contract",
     "EVENT_TYPES": ".events",
     "JSON": ".events",
+    "MAX_JSON_DEPTH": ".events",
     "EventDataError": ".events",
     "JSONObject": ".events",
     "SessionEvent": ".events",
@@ -190,6 +192,7 @@ __all__ = [
     "ABORTED_BEFORE_DISPATCH",
     "EVENT_TYPES",
     "JSON",
+    "MAX_JSON_DEPTH",
     "PROJECT",
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",

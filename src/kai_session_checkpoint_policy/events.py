@@ -11,21 +11,28 @@ from __future__ import annotations
 import json
 import json.encoder
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeAlias
+from functools import partial
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from .results import ToolResult
 
+T = TypeVar("T")
+
 __all__ = [
     "EVENT_TYPES",
     "JSON",
+    "MAX_JSON_DEPTH",
     "EventDataError",
     "JSONObject",
     "SessionEvent",
     "encode_data",
+    "json_depth",
+    "on_fresh_stack",
     "tool_result_data",
 ]
 
@@ -49,6 +56,22 @@ EVENT_TYPES: Final = frozenset(
 )
 """The event types this package writes and understands."""
 
+MAX_JSON_DEPTH: Final = 64
+"""How many levels of arrays and objects event data may nest; the data object is level 1.
+
+The events this package writes nest 6 levels at most (the text block of a tool result), and
+data a host adds rarely needs a dozen; 64 leaves room for both. The bound is what makes every
+log readable wherever it is read: the C encoder and decoder of :mod:`json` recurse once per
+level, and on Python 3.10 and 3.11 each level counts against the interpreter's recursion limit
+(1000 frames by default). Without it, data could be appended that a reader cannot decode, or
+can only on a shallower stack. Data within the bound is encoded and decoded on any stack: when
+the caller's stack is too deep, the work is done again on a fresh one (:func:`on_fresh_stack`).
+"""
+
+_CONTAINERS: Final = frozenset({list, dict})
+_COUNTED_TEXT: Final = 4096
+"""Up to how many characters an encoding's brackets are counted before its data is measured."""
+
 _encoder: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 _decoder: Final = json.JSONDecoder()
 _encode_string: Final = json.encoder.encode_basestring_ascii
@@ -71,6 +94,34 @@ def _encode(value: object) -> str:
         {}, _encoder.default, _encode_string, None, ":", ",", False, False, False
     )
     return "".join(encoder(value, 0))
+
+
+def json_depth(value: JSON) -> int:
+    """How many levels of arrays and objects *value* nests: 0 for a scalar, 1 for ``[1]``.
+
+    Counted a level at a time, without recursion, for a value decoded from JSON (a tree of
+    plain lists and dicts); strings, however long, cost nothing.
+    """
+    depth, level = 0, [value] if type(value) in _CONTAINERS else []
+    while level:  # the containers at this depth
+        depth += 1
+        below: list[JSON] = []
+        for container in cast("list[list[JSON] | dict[str, JSON]]", level):
+            for item in container.values() if type(container) is dict else container:
+                if type(item) in _CONTAINERS:
+                    below.append(item)
+        level = below
+    return depth
+
+
+def on_fresh_stack(function: Callable[[], T]) -> T:
+    """Return what *function* returns (or raise what it raises), called in a new thread.
+
+    A new thread starts with an empty stack: work that recurses once per level of nested JSON
+    and ran out of stack in a caller deep in its own recursion is tried there again.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="kai-fresh-stack") as pool:
+        return pool.submit(function).result()
 
 
 class EventDataError(TypeError):
@@ -107,28 +158,69 @@ class SessionEvent:
 def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
     """Check that *data* is a lossless JSON object; return a private copy and its encoding.
 
-    :raises EventDataError: naming the event type and the path of the first offending value.
+    The data may nest at most :data:`MAX_JSON_DEPTH` levels of arrays and objects. How deep the
+    caller's own stack is does not matter.
+
+    :raises EventDataError: naming the event type and the path of the first offending value,
+        or how deep the data nests.
     """
+    try:
+        return _checked(event_type, data, False)
+    except RecursionError:
+        return on_fresh_stack(partial(_checked, event_type, data, True))
+
+
+def _checked(event_type: str, data: object, fresh_stack: bool, /) -> tuple[JSONObject, str]:
     if not isinstance(data, dict):
         raise EventDataError(
             f"data of {event_type!r} events must be a JSON object, not {type(data).__name__}"
         )
     try:
         encoded = _encode(data)
-    except (TypeError, ValueError):
-        encoded = None
-    if encoded is not None:
         copy = _decoder.raw_decode(encoded)[0]  # json.loads, minus its checks for whitespace
+    except (TypeError, ValueError):
+        pass
+    except RecursionError:
+        if not fresh_stack:
+            raise
+        # Too deep even for a whole stack, so far deeper than the bound.
+    else:
+        # Data nests no deeper than half its encoding's length, nor than it has brackets, so
+        # most data need not be measured. Counting a long encoding costs more than measuring.
+        size = len(encoded)
+        if size > 2 * MAX_JSON_DEPTH and (
+            size > _COUNTED_TEXT or encoded.count("[") + encoded.count("{") > MAX_JSON_DEPTH
+        ):
+            depth = json_depth(copy)
+            if depth > MAX_JSON_DEPTH:
+                raise _too_deep(event_type, str(depth))
         if copy == data:
             return copy, encoded
-    problem = _first_problem(data, "data") or "data changes in a JSON round trip"
+    problem = _first_problem(data, "data")
+    if problem is _BEYOND_THE_BOUND:
+        raise _too_deep(event_type, f"more than {MAX_JSON_DEPTH}")
     raise EventDataError(
-        f"data of a {event_type!r} event is not losslessly JSON-serializable: {problem}"
+        f"data of a {event_type!r} event is not losslessly JSON-serializable: "
+        f"{problem or 'data changes in a JSON round trip'}"
     )
 
 
+def _too_deep(event_type: str, depth: str) -> EventDataError:
+    return EventDataError(
+        f"data of a {event_type!r} event is nested {depth} levels deep (arrays and objects); "
+        f"at most {MAX_JSON_DEPTH} levels are allowed"
+    )
+
+
+_BEYOND_THE_BOUND: Final = "a value nested deeper than MAX_JSON_DEPTH"
+
+
 def _first_problem(value: object, path: str, parents: tuple[int, ...] = ()) -> str | None:
-    """Describe the first value under *path* that JSON would reject or change, if any."""
+    """Describe the first value under *path* that JSON would reject or change, if any.
+
+    Only the first :data:`MAX_JSON_DEPTH` levels are searched: beyond them, the problem is the
+    depth itself (:data:`_BEYOND_THE_BOUND`).
+    """
     if id(value) in parents:
         return f"{path} contains itself"
     parents = (*parents, id(value))
@@ -136,6 +228,8 @@ def _first_problem(value: object, path: str, parents: tuple[int, ...] = ()) -> s
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r}"
+    if isinstance(value, (list, dict)) and len(parents) > MAX_JSON_DEPTH:
+        return _BEYOND_THE_BOUND
     if isinstance(value, list):
         problems = (_first_problem(item, f"{path}[{i}]", parents) for i, item in enumerate(value))
         return next((problem for problem in problems if problem), None)

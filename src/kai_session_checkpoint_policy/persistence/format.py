@@ -15,10 +15,14 @@ Layout under the root directory::
     {"type":"<event type>","seq":1,"time":<epoch ms>,"data":{...}}
     ...
 
-The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. The file
-is created with its header and first batch at once (temporary file, fsync, hard link, directory
-fsync); every later batch is appended with one write and one fsync. A crash can therefore leave
-only a *torn tail*: a final fragment without its newline, or a last batch whose bytes are damaged.
+The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Times
+are integers from 0 to :data:`MAX_TIME`; numbers are finite; data nests at most
+:data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels. The file is created with
+its header and first batch at once (temporary file, fsync, hard link, directory fsync); every
+later batch is appended with one write and one fsync. A crash can therefore leave only a *torn
+tail*: bytes at the end that are not a complete record (a final fragment without its newline,
+or damaged lines none of which is a JSON object). Anything else that is not the event expected
+next, wherever it is, is corruption.
 
 Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
 as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
@@ -29,13 +33,15 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, NoReturn, cast
 
-from ..events import EVENT_TYPES, JSON, SessionEvent
+from ..events import EVENT_TYPES, MAX_JSON_DEPTH, SessionEvent, json_depth, on_fresh_stack
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
 
 if TYPE_CHECKING:
@@ -47,6 +53,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LOCK_NAME",
     "LOG_NAME",
+    "MAX_TIME",
     "Scan",
     "SessionHeader",
     "decode_session_id",
@@ -62,12 +69,22 @@ LOG_NAME: Final = "session.jsonl"
 LOCK_NAME: Final = "session.lock"
 MAX_ESCAPED_ID: Final = 200
 """The longest escaped id, in bytes, kept well below the 255 bytes a file name may have."""
+MAX_TIME: Final = 253_402_300_799_999
+"""The latest time a log may hold, in epoch milliseconds: the end of the year 9999 (UTC), the
+last moment :class:`datetime.datetime` can show."""
 
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
 _ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
 _BULK_BYTES: Final = 1 << 16
 """About how many bytes of complete lines :func:`_decode_lines` decodes in one call."""
+_LINE_DEPTH: Final = MAX_JSON_DEPTH + 1
+"""How deep an event line may nest: its data, inside the envelope."""
+_OPENERS: Final = bytes.maketrans(b"{", b"[")
+_NOT_OPENER_OR_NEWLINE: Final = bytes(set(range(256)) - set(b"[{\n"))
+_TOO_MANY_OPENERS: Final = b"[" * (_LINE_DEPTH + 1)
+"""Lines translated to their opening brackets hold this if one could nest too deep."""
+_TIME_RANGE: Final = f"an integer from 0 to {MAX_TIME} (epoch milliseconds up to the year 9999)"
 _EVENT_TYPES: Final = {event_type: event_type for event_type in EVENT_TYPES}
 """One shared copy of each known event type, instead of one string per loaded event."""
 
@@ -131,11 +148,15 @@ def encode_header(header: SessionHeader) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-def _decode_header(line: bytes, path: Path) -> SessionHeader:
+def _decode_header(line: bytes, path: Path, *, fresh_stack: bool) -> SessionHeader:
     try:
         record = json.loads(line)
     except ValueError:
         record = None
+    except RecursionError:
+        if not fresh_stack:
+            raise
+        record = None  # too deep for a whole stack
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise CorruptLogError(path, 1, "the first line is not a kai-session header")
     version = record.get("version")
@@ -152,8 +173,8 @@ def _decode_header(line: bytes, path: Path) -> SessionHeader:
     session_id, created_at = record.get("id"), record.get("createdAt")
     if not isinstance(session_id, str) or not session_id:
         raise CorruptLogError(path, 1, "the header has no session id")
-    if type(created_at) is not int or created_at < 0:
-        raise CorruptLogError(path, 1, "the header's createdAt is not a non-negative integer")
+    if type(created_at) is not int or not 0 <= created_at <= MAX_TIME:
+        raise CorruptLogError(path, 1, f"the header's createdAt is not {_TIME_RANGE}")
     return SessionHeader(session_id, created_at, version)
 
 
@@ -164,34 +185,77 @@ def encode_events(events: Sequence[SessionEvent]) -> bytes:
     return ("\n".join([event.encode() for event in events]) + "\n").encode()
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+class _NotFinite(ValueError):
+    """A number a session log cannot hold: NaN, an infinity, or a float that overflows."""
 
 
-def _decode_event(line: bytes, expected_seq: int) -> SessionEvent | str:
-    """Decode one event line, or describe why it is not the event expected next."""
+def _reject_constant(name: str) -> NoReturn:
+    raise _NotFinite(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"{text} is not a finite number")
+    return value
+
+
+_decoder: Final = json.JSONDecoder(parse_float=_finite_float, parse_constant=_reject_constant)
+_first: Final = itemgetter(0)
+
+
+def _decode_event(
+    line: bytes, expected_seq: int, *, fresh_stack: bool
+) -> SessionEvent | tuple[str, bool]:
+    """Decode one event line, or say why it is not the event expected next.
+
+    A line that is not the event expected comes with whether it is a complete record all the
+    same (a JSON object, NaN and infinities allowed, or a line nested too deep to decode): such
+    a line is never a torn tail.
+    """
     try:
-        record = json.loads(line, parse_constant=_reject_constant)
+        text = line.decode("utf-8", "surrogatepass")  # as the fast path decodes it
+        record = _decoder.decode(text)
+    except RecursionError:
+        if not fresh_stack:
+            raise
+        return _nested_too_deep(f"more than {_LINE_DEPTH}"), True
+    except _NotFinite as exc:
+        try:
+            lenient = json.loads(text)
+        except (ValueError, RecursionError):
+            lenient = None
+        return str(exc), isinstance(lenient, dict)
     except ValueError as exc:
-        return f"not valid JSON ({exc})"
-    if not isinstance(record, dict) or record.keys() != _ENVELOPE:
-        return "not an event envelope with exactly type, seq, time and data"
+        return f"not valid JSON ({exc})", False
+    if not isinstance(record, dict):
+        return "not a JSON object", False
+    # A line nests no deeper than it has brackets: most lines need not be measured.
+    if line.count(b"[") + line.count(b"{") > _LINE_DEPTH:
+        depth = json_depth(record)
+        if depth > _LINE_DEPTH:
+            return _nested_too_deep(str(depth)), True
+    if record.keys() != _ENVELOPE:
+        return "not an event envelope with exactly type, seq, time and data", True
     event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
     if not isinstance(event_type, str) or not event_type:
-        return "the event type is not a non-empty string"
-    if type(time) is not int:
-        return "the event time is not an integer"
+        return "the event type is not a non-empty string", True
+    if type(time) is not int or not 0 <= time <= MAX_TIME:
+        return f"the event time is not {_TIME_RANGE}", True
     if type(seq) is not int:
-        return "the event seq is not an integer"
+        return "the event seq is not an integer", True
     if seq != expected_seq:
-        return f"seq {seq} where {expected_seq} was expected"
+        return f"seq {seq} where {expected_seq} was expected", True
     if not isinstance(data, dict):
-        return "the event data is not a JSON object"
+        return "the event data is not a JSON object", True
     return SessionEvent(event_type, seq, time, data)
 
 
-_decoder: Final = json.JSONDecoder(parse_constant=_reject_constant)
-_first: Final = itemgetter(0)
+def _nested_too_deep(depth: str) -> str:
+    return (
+        f"the line is nested {depth} levels deep; an event line nests at most {_LINE_DEPTH} "
+        f"(its data at most {MAX_JSON_DEPTH})"
+    )
 
 
 def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEvent] | None:
@@ -208,7 +272,7 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
     try:
         text = lines.decode("utf-8", "surrogatepass")
         wrapped = _decoder.decode("[[" + text.replace("\n", "\n],[")[:-2] + "]")
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # damage, or a deep stack: decoded line by line
         return None
     # Checked a column at a time with builtins, which is several times faster than a loop.
     if len(wrapped) != lines.count(b"\n") or set(map(len, wrapped)) != {1}:
@@ -227,7 +291,14 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
         or set(map(type, seqs)) != {int}
         or seqs != list(range(seq, seq + len(seqs)))
         or set(map(type, times)) != {int}
+        or min(times) < 0
+        or max(times) > MAX_TIME
         or set(map(type, datas)) != {dict}
+        # Only where a line has more brackets than it may nest levels, measure the data.
+        or (
+            _TOO_MANY_OPENERS in lines.translate(_OPENERS, _NOT_OPENER_OR_NEWLINE)
+            and json_depth(datas) > MAX_JSON_DEPTH + 1
+        )
     ):
         return None
     types = cast("list[str]", list(map(_EVENT_TYPES.get, types, types)))
@@ -252,28 +323,30 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _is_turn_end(line: bytes) -> bool:
-    try:
-        record: JSON = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and record.get("type") == "turn/end"
-
-
 def scan_log(data: bytes, path: Path) -> Scan:
     """Read a whole log; separate its committed events from a torn tail.
 
-    A final line without its newline is torn. A damaged line (not JSON, not an event, or a seq
-    out of order) starts the torn tail too, unless a ``turn/end`` follows it: then it lies in
-    the committed region, and the log is corrupt.
+    The torn tail is what follows the last event, if none of it is a complete record: a final
+    line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
+    is not the event expected next is corruption if it is a complete record all the same (a
+    JSON object: another envelope, a seq out of order, a non-finite number, a time out of
+    range, nesting too deep), or if one follows it. How deep the caller's stack is does not
+    matter.
 
     :raises CorruptLogError: naming *path* and the line.
     :raises UnsupportedFormatError: if the header has another format version.
     """
+    try:
+        return _scan(data, path, fresh_stack=False)
+    except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
+        return on_fresh_stack(partial(_scan, data, path, fresh_stack=True))
+
+
+def _scan(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     end = data.find(b"\n")
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
-    header = _decode_header(data[:end], path)
+    header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
     events: list[SessionEvent] = []
     offset = end + 1
     with _collector_paused():
@@ -285,17 +358,26 @@ def scan_log(data: bytes, path: Path) -> Scan:
                 break
             events += lines
             offset = stop + 1
+    committed = offset
     line_number = 1 + len(events)
-    while offset < len(data):
+    damage: tuple[int, str] | None = None  # the first damaged line after the last event
+    while (end := data.find(b"\n", offset)) >= 0:
         line_number += 1
-        end = data.find(b"\n", offset)
-        if end < 0:
-            break
-        decoded = _decode_event(data[offset:end], len(events))
-        if isinstance(decoded, str):
-            if any(_is_turn_end(line) for line in data[end + 1 :].split(b"\n")):
-                raise CorruptLogError(path, line_number, decoded)
-            break
-        events.append(decoded)
+        decoded = _decode_event(data[offset:end], len(events), fresh_stack=fresh_stack)
         offset = end + 1
-    return Scan(header, tuple(events), offset, data[offset:])
+        if isinstance(decoded, SessionEvent) and damage is None:
+            events.append(decoded)
+            committed = offset
+            continue
+        problem, record = ("", True) if isinstance(decoded, SessionEvent) else decoded
+        if record and damage is not None:
+            raise CorruptLogError(
+                path,
+                damage[0],
+                f"{damage[1]}; line {line_number} after it is a complete record, so this is "
+                "not a torn tail",
+            )
+        if record:
+            raise CorruptLogError(path, line_number, problem)
+        damage = damage or (line_number, problem)
+    return Scan(header, tuple(events), committed, data[committed:])

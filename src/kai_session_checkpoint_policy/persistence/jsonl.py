@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from ..contract import PluginHost, SessionLogLike
     from ..events import SessionEvent
     from ..hookspecs import FlushThunk
+    from .format import Scan
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
@@ -717,9 +718,7 @@ class JsonlSessionPersistence:
                     "known durable"
                 )
             data = data[: log.size]
-        scan = scan_log(data, log.path)
-        if scan.header.id != session_id:
-            raise PersistenceError(f"{log.path} belongs to session {scan.header.id!r}")
+        scan = _scan_session(data, log.path, session_id)
         if scan.torn or (log.suspect and len(scan.events) != log.count):
             raise PersistenceError(
                 f"{log.path} ends in {len(scan.torn)} bytes that are not complete events; "
@@ -784,10 +783,10 @@ class JsonlSessionPersistence:
         :raises SessionNotFoundError: if there is no log for *session_id*.
         :raises CorruptLogError: if the committed region is damaged.
         :raises UnsupportedFormatError: if the log has another format version.
+        :raises PersistenceError: if the log's header names another session.
         """
         path = self._directory(session_id) / LOG_NAME
-        scan = scan_log(await anyio.to_thread.run_sync(self._read, path), path)
-        repair = interrupted_turn_closers(scan.events)
+        scan, repair = await anyio.to_thread.run_sync(self._read_log, path, session_id)
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), path)
 
     async def load(self, session_id: str) -> StoredLog:
@@ -797,8 +796,8 @@ class JsonlSessionPersistence:
 
         :raises LiveSessionError: if the session is live here and its turn is still open.
         :raises SessionLockedError: if another process is writing the session.
-        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError: as
-            :meth:`inspect`.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError,
+            PersistenceError: as :meth:`inspect`; nothing is changed.
         """
         writer = self._writers.get(session_id)
         if writer is not None:
@@ -824,13 +823,12 @@ class JsonlSessionPersistence:
             # it): read the log before creating one, so that a refused recovery, or one with
             # nothing to do, leaves nothing behind. A change is made under the lock, after
             # reading the log again.
-            scan = scan_log(self._read(path), path)
-            if not (scan.torn or interrupted_turn_closers(scan.events)):
+            scan, repair = self._read_log(path, session_id)
+            if not (scan.torn or repair):
                 return StoredLog(scan.header, scan.events, (), 0, path)
         log = _Log(path, self._lock(session_id, directory))
         try:
-            scan = scan_log(self._read(path), path)
-            repair = interrupted_turn_closers(scan.events)
+            scan, repair = self._read_log(path, session_id)
             if scan.torn:
                 self._keep_torn(directory, scan.committed_bytes, scan.torn)
             if scan.torn or repair:
@@ -843,6 +841,17 @@ class JsonlSessionPersistence:
             return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
         finally:
             self._release(log)
+
+    def _read_log(self, path: Path, session_id: str) -> tuple[Scan, tuple[SessionEvent, ...]]:
+        """Read the log of *session_id* at *path*: what it holds, and the closers it needs.
+
+        Bytes were cut after the events if they are torn now, or if a recovery cut them there
+        and stopped before closing the turn (the bytes it kept are named after the offset).
+        """
+        scan = _scan_session(self._read(path), path, session_id)
+        kept = path.with_name(f"{LOG_NAME}.torn-{scan.committed_bytes}")
+        tail_cut = bool(scan.torn) or kept.exists()
+        return scan, interrupted_turn_closers(scan.events, tail_cut=tail_cut)
 
     def _keep_torn(self, directory: Path, offset: int, torn: bytes) -> None:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
@@ -896,3 +905,14 @@ def _refuse_link(directory: Path) -> NoReturn:
 def _exists(path: Path) -> bool:
     """Whether anything has the name *path*: a dangling symbolic link does too."""
     return path.is_symlink() or path.exists()
+
+
+def _scan_session(data: bytes, path: Path, session_id: str) -> Scan:
+    """:func:`scan_log`, refusing a log whose header names another session (a copied log)."""
+    scan = scan_log(data, path)
+    if scan.header.id != session_id:
+        raise PersistenceError(
+            f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
+            "refusing to read or change it as that session"
+        )
+    return scan

@@ -4,7 +4,9 @@ A log that ends inside a turn is closed by synthetic events, in this order:
 
 1. one error ``tool/result`` for every tool call the model asked for that has no result:
    ``TOOL_OUTCOME_UNKNOWN`` if its ``tool/call`` is in the log (the call started, and its side
-   effect may have happened), ``TOOL_NOT_STARTED`` if not (the call never started);
+   effect may have happened) or may have been in a torn tail that recovery cut off,
+   ``TOOL_NOT_STARTED`` only if the log proves the call never started (its ``tool/call`` is
+   not in the log, and nothing was cut after it);
 2. ``step/end``, if a step is open;
 3. ``turn/end`` with reason ``{"kind": "interrupted"}``.
 
@@ -46,8 +48,15 @@ _NOT_STARTED: Final = error_result(
 _BOUNDARIES: Final = frozenset({"turn/start", "turn/end"})
 
 
-def interrupted_turn_closers(events: Sequence[SessionEvent]) -> tuple[SessionEvent, ...]:
-    """Return the events that close the open turn at the end of *events*, or ``()``."""
+def interrupted_turn_closers(
+    events: Sequence[SessionEvent], *, tail_cut: bool = False
+) -> tuple[SessionEvent, ...]:
+    """Return the events that close the open turn at the end of *events*, or ``()``.
+
+    :param tail_cut: Whether bytes after *events* were cut off as a torn tail (or will be):
+        a call whose ``tool/call`` is not in *events* may then have had it among them, so it
+        is answered ``TOOL_OUTCOME_UNKNOWN`` instead of ``TOOL_NOT_STARTED``.
+    """
     # Only a turn that started after the last turn/end can be open: find its turn/start.
     start = next(
         (index for index in range(len(events) - 1, -1, -1) if events[index].type in _BOUNDARIES),
@@ -79,7 +88,10 @@ def interrupted_turn_closers(events: Sequence[SessionEvent]) -> tuple[SessionEve
         (
             "tool/result",
             tool_result_data(
-                turn, call_step, call_id, _OUTCOME_UNKNOWN if recorded else _NOT_STARTED
+                turn,
+                call_step,
+                call_id,
+                _OUTCOME_UNKNOWN if recorded or tail_cut else _NOT_STARTED,
             ),
         )
         for call_id, (call_step, recorded) in pending.items()
