@@ -19,31 +19,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from ..events import JSONObject, SessionEvent, encode_data, tool_result_data
-from ..results import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, ErrorInfo, error_result
+from ..results import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, not_started, outcome_unknown
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers"]
 
-OUTCOME_UNKNOWN_TEXT: Final = (
-    "the session stopped after this tool call started and before its result was saved, so it "
-    "is not known whether the call took effect. Retry only if the operation is read-only or "
-    "idempotent. If it may have had side effects, first verify the external state or ask the "
-    "user. Do not retry blindly."
-)
-NOT_STARTED_TEXT: Final = (
-    "the session stopped before this tool call started, so it had no effect. It may be "
-    "retried if it is still needed."
-)
-
-_OUTCOME_UNKNOWN: Final = error_result(
-    OUTCOME_UNKNOWN_TEXT, ErrorInfo("ToolOutcomeUnknownError", TOOL_OUTCOME_UNKNOWN)
-)
-_NOT_STARTED: Final = error_result(
-    NOT_STARTED_TEXT, ErrorInfo("ToolNotStartedError", TOOL_NOT_STARTED)
-)
-
+_OUTCOME_UNKNOWN: Final = outcome_unknown()
+_NOT_STARTED: Final = not_started()
 
 _BOUNDARIES: Final = frozenset({"turn/start", "turn/end"})
 
