@@ -149,3 +149,38 @@ async def test_the_flush_recorder_stands_in_only_where_no_backend_is(tmp_path: P
     backend, recorder = JsonlSessionPersistence(tmp_path), FlushRecorder()
     async with Host([backend, recorder.plugin, policy], autoload=False) as host:
         assert host.session_persistence is backend
+
+
+def test_the_demo_does_not_import_the_command_line_that_runs_it() -> None:
+    assert "cli" not in imported_modules(PACKAGE / "demo.py")
+    assert imported_modules(PACKAGE / "output.py") == {"events"}
+
+
+def test_the_package_logger_stays_quiet_without_a_handler_of_the_application() -> None:
+    import logging
+
+    handlers = logging.getLogger("kai_session_checkpoint_policy").handlers
+    assert any(isinstance(handler, logging.NullHandler) for handler in handlers)
+
+
+def test_a_plugin_without_a_name_is_registered_under_its_class_or_module_name() -> None:
+    class Unnamed:
+        pass
+
+    host = Host(autoload=False)
+    first, second = host.register(Unnamed()), host.register(Unnamed())
+    qualified = f"{__name__}.{Unnamed.__qualname__}"
+    assert first == qualified
+    assert second.startswith(f"{qualified}#")
+    from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
+
+    assert host.register(jsonl_entry_point) == "session-persistence-jsonl"
+
+
+@pytest.mark.anyio
+async def test_the_jsonl_root_option_takes_a_path(tmp_path: Path) -> None:
+    from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
+
+    async with Host([jsonl_entry_point], autoload=False, options={"jsonl.root": tmp_path}) as host:
+        assert isinstance(host.session_persistence, JsonlSessionPersistence)
+        assert host.session_persistence.root == tmp_path
