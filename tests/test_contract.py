@@ -184,3 +184,52 @@ async def test_the_jsonl_root_option_takes_a_path(tmp_path: Path) -> None:
     async with Host([jsonl_entry_point], autoload=False, options={"jsonl.root": tmp_path}) as host:
         assert isinstance(host.session_persistence, JsonlSessionPersistence)
         assert host.session_persistence.root == tmp_path
+
+
+def test_the_reference_host_implements_the_contract_structurally() -> None:
+    """Checked by mypy: each assignment fails to type-check if a member is missing or wrong."""
+    from kai_session_checkpoint_policy import (
+        AbortSignal,
+        AbortSignalLike,
+        Agent,
+        AgentLike,
+        InvariantsLike,
+        LlmRequest,
+        ModelRequestLike,
+        PluginHost,
+        PreStep,
+        PreStepLike,
+        Session,
+        SessionLogLike,
+        SessionPersistenceLike,
+        SessionStore,
+        SessionStoreLike,
+        ToolCallLike,
+        ToolExecution,
+    )
+    from kai_session_checkpoint_policy.host import InvariantRegistry
+
+    implementations: list[tuple[type, type]] = [
+        (Host, PluginHost),
+        (SessionStore, SessionStoreLike),
+        (Session, SessionLogLike),
+        (Agent, AgentLike),
+        (ToolExecution, ToolCallLike),
+        (PreStep, PreStepLike),
+        (LlmRequest, ModelRequestLike),
+        (AbortSignal, AbortSignalLike),
+        (InvariantRegistry, InvariantsLike),
+        (JsonlSessionPersistence, SessionPersistenceLike),
+    ]
+    host: type[PluginHost[Session]] = Host
+    store: type[SessionStoreLike[Session]] = SessionStore
+    session: type[SessionLogLike] = Session
+    agent: type[AgentLike[Session]] = Agent
+    call: type[ToolCallLike[Session]] = ToolExecution
+    step: type[PreStepLike[Session]] = PreStep
+    request: type[ModelRequestLike] = LlmRequest
+    signal: type[AbortSignalLike] = AbortSignal
+    invariants: type[InvariantsLike] = InvariantRegistry
+    backend: type[SessionPersistenceLike] = JsonlSessionPersistence
+    checked = [host, store, session, agent, call, step, request, signal, invariants, backend]
+    assert checked == [implementation for implementation, _protocol in implementations]

@@ -52,6 +52,7 @@ __all__ = [
     "SessionLogLike",
     "SessionPersistenceLike",
     "SessionStoreLike",
+    "StoredSessionLike",
     "StreamChunk",
     "TextDelta",
     "ToolCallDelta",
@@ -166,11 +167,25 @@ class InvariantsLike(Protocol):
     def release(self, package: str, *, owner: object) -> bool: ...
 
 
+class StoredSessionLike(Protocol):
+    """A session log as a persistence backend returns it: its events, the repair included."""
+
+    @property
+    def events(self) -> Sequence[SessionEvent]: ...
+
+
 class SessionPersistenceLike(Protocol):
-    """A persistence backend, as plugins see it: the policy only checks that one is there."""
+    """A persistence backend, as its host sees it (``host.session_persistence``).
+
+    The policy only checks that one is there; a host uses it to tell a new session from a stored
+    one (``session_exists``, which answers at once) and to resume a stored one (``load``, with
+    recovery: the repair is durable before it returns).
+    """
 
     @property
     def name(self) -> str: ...
+    def session_exists(self, session_id: str) -> bool: ...
+    async def load(self, session_id: str) -> StoredSessionLike: ...
 
 
 class HostServices(Protocol[S]):

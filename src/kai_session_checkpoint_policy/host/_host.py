@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from ..persistence.service import SessionPersistence
+    from ..contract import SessionPersistenceLike
 
 __all__ = ["AUTOLOAD_ENV", "Host", "HostOptionError", "HostStateError", "PersistenceConflictError"]
 
@@ -74,7 +74,7 @@ class Host:
         self.llm: Final = LlmRuntime(self.hooks)
         self.tools: Final = ToolRuntime(self.hooks)
         self.invariants: InvariantRegistry | None = InvariantRegistry()
-        self._session_persistence: SessionPersistence | None = None
+        self._session_persistence: SessionPersistenceLike | None = None
         self._lifecycle: AsyncExitStack | None = None  # while open: closes everything in order
         self._stack: AsyncExitStack | None = None  # while open: the plugins' cleanups
         self._task_group: TaskGroup | None = None
@@ -94,11 +94,11 @@ class Host:
         return self._lifecycle is not None and not self._closed
 
     @property
-    def session_persistence(self) -> SessionPersistence | None:
+    def session_persistence(self) -> SessionPersistenceLike | None:
         """The persistence backend a plugin provided, or ``None``."""
         return self._session_persistence
 
-    def provide_session_persistence(self, backend: SessionPersistence) -> None:
+    def provide_session_persistence(self, backend: SessionPersistenceLike) -> None:
         """Make *backend* the host's ``session_persistence``.
 
         :raises PersistenceConflictError: if another backend already is, naming both.
@@ -111,7 +111,7 @@ class Host:
             )
         self._session_persistence = backend
 
-    def withdraw_session_persistence(self, backend: SessionPersistence) -> None:
+    def withdraw_session_persistence(self, backend: SessionPersistenceLike) -> None:
         """Stop using *backend* as ``session_persistence``, if it is."""
         if self._session_persistence is backend:
             self._session_persistence = None

@@ -15,8 +15,8 @@ from ..events import SessionEvent, encode_data
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
+    from ..contract import SessionPersistenceLike
     from ..hookspecs import FlushThunk
-    from ..persistence.service import SessionPersistence
     from ._hooks import HostHooks
 
 __all__ = [
@@ -57,7 +57,7 @@ class _StoreHost(Protocol):
     @property
     def is_open(self) -> bool: ...
     @property
-    def session_persistence(self) -> SessionPersistence | None: ...
+    def session_persistence(self) -> SessionPersistenceLike | None: ...
 
 
 class Session:

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..contract import SessionPersistenceLike
+
 if TYPE_CHECKING:
     from .jsonl import StoredLog
 
 __all__ = ["SessionPersistence"]
 
 
-class SessionPersistence(Protocol):
-    """What a persistence backend offers as ``host.session_persistence``.
+class SessionPersistence(SessionPersistenceLike, Protocol):
+    """What this package's persistence backends offer as ``host.session_persistence``.
 
     The checkpoint policy only checks that one is present; flushing goes through the
-    ``session_flush`` hook.
+    ``session_flush`` hook. Besides what the contract asks of every backend, these read a log
+    without changing it (``inspect``).
     """
-
-    @property
-    def name(self) -> str: ...
 
     def session_exists(self, session_id: str) -> bool:
         """Whether the backend has a stored log for *session_id*; answers at once."""
