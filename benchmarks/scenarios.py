@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from kai_session_checkpoint_policy import JSON, Session, StreamChunk
-    from kai_session_checkpoint_policy.persistence import PersistenceStatistics
+    from kai_session_checkpoint_policy.persistence import JsonlStatistics
 
 __all__ = ["Plan", "run_all"]
 
@@ -114,7 +114,7 @@ async def _steady_session(host: Host, prefix: str) -> Session:
     return session
 
 
-def _delta(after: PersistenceStatistics, before: PersistenceStatistics) -> tuple[int, int]:
+def _delta(after: JsonlStatistics, before: JsonlStatistics) -> tuple[int, int]:
     return after.writes - before.writes, after.fsyncs - before.fsyncs
 
 

@@ -207,7 +207,7 @@ async def test_a_gap_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     backend = JsonlSessionPersistence(tmp_path)
     expected = (
         r"refusing to write seq 5 at position 0 of a batch; "
-        r"the log on disk holds 1 events, so seq 1 was expected"
+        r"the stored log holds 1 events, so seq 1 was expected"
     )
     with pytest.raises(SeqMismatchError, match=expected):  # noqa: PT012 (raised again at close)
         async with Host([backend], autoload=False) as host:
@@ -377,7 +377,7 @@ async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
     assert repr(loaded) == (  # counts, not a million events
         "StoredLog(header=SessionHeader(id='crashed', created_at=1700000000000, version=1), "
         "events=<10 events>, repair=<2 events>, torn_bytes=21, "
-        f"path={path!r})"
+        f"location={str(path)!r})"
     )
     async with Host([backend], autoload=False) as host:
         resumed = host.sessions.create("crashed", seed=loaded.events)

@@ -136,7 +136,7 @@ def test_the_simulated_layer_makes_the_same_calls_as_the_real_one(
         JsonlSessionPersistence(tmp_path / "image" / STORE, files=from_image).load, CRASH_SESSION
     )
     assert real.repair
-    assert simulated == replace(real, path=simulated.path)
+    assert simulated == replace(real, location=simulated.location)
     assert normalized(from_image.trace) == normalized(recording.trace)
     assert from_image.durable_image()[log.as_posix()] == (real_base / log).read_bytes()
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 import anyio
 
 from .output import Console, compact, event_line, format_time, printable
-from .persistence.jsonl import DEFAULT_BATCH_WINDOW
+from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -108,7 +108,7 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         console.bold(f"session {printable(header.id)}")
         + console.dim(
             f"  created {format_time(header.created_at)}, format version {header.version}, "
-            f"{printable(str(log.path))}"
+            f"{printable(str(log.location))}"
         )
     )
     for event in stored:

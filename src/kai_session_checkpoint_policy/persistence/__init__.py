@@ -4,6 +4,7 @@ This package never imports the policy: a backend makes the flushes it is asked f
 and does not choose when they happen.
 """
 
+from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind
 from .errors import (
     CorruptLogError,
     InvalidSessionIdError,
@@ -19,14 +20,7 @@ from .errors import (
 )
 from .files import LockedError, OsFiles
 from .format import FORMAT, FORMAT_VERSION, SessionHeader, decode_session_id, encode_session_id
-from .jsonl import (
-    DEFAULT_BATCH_WINDOW,
-    JsonlSessionPersistence,
-    PersistenceStatistics,
-    SessionListing,
-    SessionProblem,
-    StoredLog,
-)
+from .jsonl import JsonlSessionPersistence, JsonlStatistics, SessionListing, SessionProblem
 from .repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, interrupted_turn_closers
 from .service import SessionPersistence
 
@@ -39,6 +33,7 @@ __all__ = [
     "CorruptLogError",
     "InvalidSessionIdError",
     "JsonlSessionPersistence",
+    "JsonlStatistics",
     "LeaseLostError",
     "LiveSessionError",
     "LockedError",
@@ -56,6 +51,7 @@ __all__ = [
     "SessionProblem",
     "StoredLog",
     "UnsupportedFormatError",
+    "WriteBehind",
     "decode_session_id",
     "encode_session_id",
     "interrupted_turn_closers",

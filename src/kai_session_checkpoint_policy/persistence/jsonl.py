@@ -1,17 +1,10 @@
-"""The JSONL persistence backend: bounded background batches and group-commit flushes.
+"""The JSONL persistence backend: one log file per session, a batch per write and fsync.
 
-Each appended event is queued for its session (the event is immutable, so the queue holds the
-event itself). A batch is written at the latest when the session's *window* expires: the window
-opens with the first event queued after the previous batch was taken and is never extended by
-later events. :meth:`JsonlSessionPersistence.flush` is a barrier: it drains everything queued,
-including events queued while it runs, and returns once all of it is written and fsynced.
-Concurrent flushes of one session share one barrier, so a burst of tool checkpoints costs one
-write and one fsync.
-
-Every batch is checked against the durable cursor (the number of events on disk) before it is
-written: a gap or a repeat is refused, never written. A failed write or fsync truncates the
-partial bytes away and keeps the batch queued for the next flush; after a failure the file is
-reopened and re-read before the next write, so a failed fsync is never taken for success.
+The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
+(:mod:`.core`); this module makes a batch durable in a file and reads logs back. A failed write
+or fsync truncates the partial bytes away and keeps the batch queued for the next flush; after
+a failure the file is reopened and re-read before the next write, so a failed fsync is never
+taken for success.
 
 Where a write runs: a background batch always runs in a worker thread, since nobody waits for
 it (a failed one is tried again in the next window). A flush that a caller awaits appends on
@@ -30,26 +23,20 @@ from __future__ import annotations
 import logging
 import math
 import resource
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..cancellation import checkpoint_if_cancelled
-from ..contract import SessionExistsError
-from ..hookspecs import hookimpl
+from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind, Writer
 from .errors import (
     InvalidSessionIdError,
-    LiveSessionError,
     PersistenceError,
     RollbackError,
-    SeqMismatchError,
     SessionLockedError,
     SessionNotFoundError,
 )
@@ -65,33 +52,24 @@ from .format import (
     scan_log,
 )
 from .repair import interrupted_turn_closers
-from .workers import loop_is_idle, run_in_worker
+from .workers import loop_is_idle
 
 if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
 
-    from anyio.abc import TaskGroup
-
-    from ..contract import PluginHost, SessionLogLike
     from ..events import SessionEvent
-    from ..hookspecs import FlushThunk
     from .format import Scan
 
 __all__ = [
-    "DEFAULT_BATCH_WINDOW",
     "DEFAULT_INLINE_WRITE_LIMIT",
     "JsonlSessionPersistence",
-    "PersistenceStatistics",
+    "JsonlStatistics",
     "SessionListing",
     "SessionProblem",
-    "StoredLog",
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BATCH_WINDOW: Final = 0.2
-"""Seconds an admitted event may wait before a background batch writes it."""
 
 DEFAULT_INLINE_WRITE_LIMIT: Final = 0.002
 """Seconds a session's recent writes may take for an awaited flush to write on the loop."""
@@ -103,30 +81,6 @@ def _default_max_open_sessions() -> int:
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 16
     return max(4, soft // 8)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredLog:
-    """A session log as stored, and the repair that closes its open turn.
-
-    From :meth:`~JsonlSessionPersistence.inspect`, ``events`` are the stored events and
-    ``repair`` the closers recovery *would* append. From :meth:`~JsonlSessionPersistence.load`,
-    ``events`` already end with ``repair``, which that call appended.
-    """
-
-    header: SessionHeader
-    events: tuple[SessionEvent, ...]
-    repair: tuple[SessionEvent, ...]
-    torn_bytes: int
-    path: Path
-
-    def __repr__(self) -> str:
-        # Not every event: a long log would take longer to show than to load.
-        return (
-            f"StoredLog(header={self.header!r}, events=<{len(self.events)} events>, "
-            f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
-            f"path={self.path!r})"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,17 +104,11 @@ class SessionListing:
 
 
 @dataclass(frozen=True, slots=True)
-class PersistenceStatistics:
-    """Counters of one backend since it was created."""
+class JsonlStatistics(PersistenceStatistics):
+    """Counters of a JSONL backend since it was created."""
 
-    sessions: int
-    """Live sessions with a writer (sessions that admitted events)."""
     open_sessions: int
     """Sessions whose log and lock files are open."""
-    pending_events: int
-    """Events admitted and not yet durable."""
-    batches: int
-    """Batches made durable."""
     writes: int
     """``write`` system calls on logs and temporary files."""
     fsyncs: int
@@ -188,60 +136,7 @@ class _Log:
         self.suspect = False  # a write failed: re-read the file before the next one
 
 
-class _Barrier:
-    """One flush in progress that later flushes of the same session join."""
-
-    __slots__ = ("done", "drained", "error")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.error: Exception | None = None
-        self.drained = False  # whether its leader saw the queue empty
-
-
-class _Writer:
-    """The queue of one session and its single writing lane."""
-
-    __slots__ = (
-        "barrier",
-        "deadline",
-        "lane",
-        "log",
-        "pending",
-        "session",
-        "session_id",
-        "timer",
-        "window",
-        "window_open",
-        "write_seconds",
-    )
-
-    def __init__(self, session: SessionLogLike) -> None:
-        self.session = session
-        self.session_id = session.id
-        self.pending: list[SessionEvent] = []
-        self.window = 0  # counts windows, so the timer can tell whether its window is still open
-        self.window_open = False
-        self.deadline = 0.0  # when the open window expires
-        self.timer: anyio.CancelScope | None = None  # of the task waiting for window deadlines
-        self.barrier: _Barrier | None = None
-        # At most one write per session at a time; taken at once when free, without the
-        # scheduler round a plain anyio.Lock makes.
-        self.lane = anyio.Lock(fast_acquire=True)
-        self.log: _Log | None = None
-        self.write_seconds = 0.0  # the slowest recent write, losing an eighth per later write
-
-    @property
-    def durable_count(self) -> int:
-        """How many of the session's events are known to be on disk."""
-        return 0 if self.log is None else self.log.count
-
-    def window_is(self, window: int) -> bool:
-        """Whether *window* is the open window, and no flush is draining the queue."""
-        return self.window == window and self.window_open and self.barrier is None
-
-
-class JsonlSessionPersistence:
+class JsonlSessionPersistence(WriteBehind["_Log"]):
     """Persist every live session of a host as a JSONL log under *root*.
 
     Register it on a :class:`~kai_session_checkpoint_policy.host.Host`: opening the host makes
@@ -284,252 +179,46 @@ class JsonlSessionPersistence:
             most = _default_max_open_sessions()
         if type(most) is not int or most < 1:
             raise ValueError(f"max_open_sessions must be a positive integer, not {most!r}")
+        super().__init__(batch_window=batch_window)
         self.root: Final = Path(root).absolute()
-        self.batch_window: Final = float(batch_window)
         self.inline_write_limit: Final = float(inline_write_limit)
         self.max_open_sessions: Final = most
         self.files: Final = files if files is not None else OsFiles()
-        self._writers: dict[str, _Writer] = {}
-        self._open: OrderedDict[str, _Writer] = OrderedDict()  # least recently written first
-        self._task_group: TaskGroup | None = None
-        self._batches = 0
+        self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
 
     def __repr__(self) -> str:
         return f"<JsonlSessionPersistence root={str(self.root)!r}>"
-
-    # -- plugin hooks ---------------------------------------------------------------------------
-
-    @hookimpl
-    def host_configure(self, host: PluginHost[Any]) -> None:
-        host.provide_session_persistence(self)
-        self._task_group = host.task_group
-        host.add_cleanup(self.aclose)
-
-    @hookimpl
-    def host_unconfigure(self, host: PluginHost[Any]) -> None:
-        host.withdraw_session_persistence(self)
 
     def session_exists(self, session_id: str) -> bool:
         """Whether a log for *session_id* is stored under the root (one ``lstat``)."""
         return _exists(self._directory(session_id) / LOG_NAME)
 
-    @hookimpl
-    def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
-        writer = self._writers.get(session.id)
-        if writer is None:
-            writer = self._writers[session.id] = _Writer(session)
-        writer.session = session  # a session resumed under the same id continues the same log
-        writer.pending.append(event)
-        if not writer.window_open and writer.barrier is None:
-            self._open_window(writer)
-
-    @hookimpl
-    def session_detach(self, session: SessionLogLike) -> None:
-        """Release what the session holds here once what it admitted is written.
-
-        A session with nothing queued and no write in flight is released at once (after
-        ``sessions.close()``, always); otherwise its queue is written in the background first.
-        A session whose last events cannot be written keeps its writer, so that closing the
-        backend tries again and reports the failure.
-        """
-        writer = self._writers.get(session.id)
-        if writer is None or writer.session is not session:
-            return
-        if not (writer.pending or writer.lane.locked() or writer.barrier is not None):
-            self._forget(writer)
-        elif self._task_group is not None:  # else the backend is closing, and drains it
-            self._task_group.start_soon(self._retire, writer, session)
-
-    async def _retire(self, writer: _Writer, session: SessionLogLike) -> None:
-        try:
-            await self._flush(writer)
-        except Exception:
-            logger.exception(
-                "session %r was detached, and its last events could not be written; "
-                "closing the backend tries again",
-                writer.session_id,
-            )
-            return
-        async with writer.lane:
-            # Unless the id became live again meanwhile, with a new session that goes on.
-            if writer.session is session and not writer.pending:
-                self._forget(writer)
-
-    def _forget(self, writer: _Writer) -> None:
-        """Drop a drained writer, closing its files (on this thread: closing is quick)."""
-        if self._writers.get(writer.session_id) is writer:
-            del self._writers[writer.session_id]
-        if self._open.get(writer.session_id) is writer:
-            del self._open[writer.session_id]
-        if writer.log is not None:
-            self._release(writer.log)
-            writer.log = None
-        if writer.timer is not None:
-            writer.timer.cancel()  # its task holds the writer, and the writer the session
-
-    def _open_window(self, writer: _Writer) -> None:
-        """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
-
-        Nothing opens once the backend is closing (or before a host opened it).
-        """
-        if self._task_group is None:
-            return
-        writer.window += 1
-        writer.window_open = True
-        writer.deadline = anyio.current_time() + self.batch_window
-        if writer.timer is None:
-            writer.timer = anyio.CancelScope()
-            self._task_group.start_soon(self._window_timer, writer, writer.timer)
-
-    @hookimpl
-    def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
-        writer = self._writers.get(session.id)
-        if writer is None:
-            return None
-        return lambda: self._flush(writer)
-
-    # -- writing --------------------------------------------------------------------------------
-
-    async def flush(self, session_id: str) -> None:
-        """Make every event admitted for *session_id* durable (nothing to do if none were)."""
-        writer = self._writers.get(session_id)
-        if writer is not None:
-            await self._flush(writer)
-
-    def durable_count(self, session_id: str) -> int:
-        """How many events of the live session *session_id* are known to be on disk."""
-        writer = self._writers.get(session_id)
-        return 0 if writer is None else writer.durable_count
-
-    def statistics(self) -> PersistenceStatistics:
-        calls = self.files.calls
-        return PersistenceStatistics(
-            sessions=len(self._writers),
+    def statistics(self) -> JsonlStatistics:
+        core, calls = super().statistics(), self.files.calls
+        return JsonlStatistics(
+            sessions=core.sessions,
+            pending_events=core.pending_events,
+            batches=core.batches,
             open_sessions=len(self._open),
-            pending_events=sum(len(writer.pending) for writer in self._writers.values()),
-            batches=self._batches,
             writes=calls["write"],
             fsyncs=calls["fsync"],
             directory_fsyncs=calls["fsync_dir"],
         )
 
     async def aclose(self) -> None:
-        """Drain every queue, then release every file; the first drain failure is raised.
-
-        No window timer starts once closing has begun, and events admitted while the queues
-        drain are drained too. Each file is released only when no write to it is in flight.
-        """
-        self._task_group = None
-        failures: dict[str, Exception] = {}
-        while draining := [
-            writer
-            for writer in self._writers.values()
-            if (writer.pending or writer.lane.locked()) and writer.session_id not in failures
-        ]:
-            for writer in draining:
-                try:
-                    await self._flush(writer)
-                except Exception as exc:
-                    failures[writer.session_id] = exc
-        for writer in list(self._writers.values()):
-            async with writer.lane:
-                if writer.log is not None:
-                    self._release(writer.log)
-                    writer.log = None
-        self._writers.clear()
-        self._open.clear()
-        if failures:
-            raise next(iter(failures.values()))
-
-    async def _flush(self, writer: _Writer) -> None:
-        """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
-        while (barrier := writer.barrier) is not None:
-            await barrier.done.wait()
-            if barrier.error is not None:
-                raise barrier.error
-            if barrier.drained:
-                await checkpoint_if_cancelled()
-                return
-            # Its leader was cancelled before the queue was empty: lead the next drain.
-        if not writer.lane.locked():
-            if writer.pending and self._may_write_inline(writer):
-                # No other task can run before this returns: no barrier to share, no await
-                # to shield. Nor a scheduler round after it (which costs a sixth of a small
-                # flush): what became ready meanwhile runs at the caller's next await.
-                await self._write_pending(writer, inline=True)  # never suspends
-            if not writer.pending:
-                await checkpoint_if_cancelled()
-                return
-        await self._drain(writer)
-        await checkpoint_if_cancelled()
-
-    async def _drain(self, writer: _Writer) -> None:
-        """Write batches until the queue is empty, as the leader of a new barrier.
-
-        The barrier is *drained* only if this saw the queue empty; a leader cancelled before
-        that (natively: anyio's cancellation cannot reach into the shield) leaves it undrained,
-        and its joiners drain on.
-        """
-        barrier = writer.barrier = _Barrier()
-        writer.window_open = False
         try:
-            with anyio.CancelScope(shield=True):
-                await writer.lane.acquire()
-                try:
-                    await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
-                    while writer.pending:
-                        await self._write_pending(writer, inline=self._may_write_inline(writer))
-                    barrier.drained = True
-                    writer.barrier = None  # in the same step that saw the queue empty
-                finally:
-                    writer.lane.release()
-        except Exception as exc:
-            barrier.error = exc
-            raise
+            await super().aclose()
         finally:
-            if writer.barrier is barrier:
-                writer.barrier = None
-            barrier.done.set()
+            self._open.clear()
 
-    async def _window_timer(self, writer: _Writer, scope: anyio.CancelScope) -> None:
-        """Write each window's batch when the window expires, one window after another.
+    def _forget(self, writer: Writer[_Log]) -> None:
+        if self._open.get(writer.session_id) is writer:
+            del self._open[writer.session_id]
+        super()._forget(writer)
 
-        One task serves the windows of a writer in turn: if the window it waits for was closed
-        (by a flush) and a new one opened meanwhile, it waits on for the new one's deadline, so
-        a session that flushes every few events does not start a task for every window. The
-        task ends early (*scope* cancelled) when its session is released.
-        """
-        window, deadline = writer.window, writer.deadline
-        try:
-            with scope:
-                while True:
-                    # Sleep even if a flush already took the window: a task that exited at
-                    # once would be started again by the next event, for every flush.
-                    await anyio.sleep_until(deadline)
-                    if writer.window_is(window):
-                        async with writer.lane:
-                            if writer.window_is(window):  # no flush took it meanwhile
-                                await self._write_in_background(writer)
-                    if not writer.window_open:
-                        return
-                    window, deadline = writer.window, writer.deadline
-        finally:
-            if writer.timer is scope:
-                writer.timer = None
+    # -- writing --------------------------------------------------------------------------------
 
-    async def _write_in_background(self, writer: _Writer) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._write_pending(writer, inline=False)
-        except Exception:
-            logger.exception(
-                "background write of session %r failed; %s",
-                writer.session_id,
-                "the batch stays queued for the next window",
-            )
-            self._open_window(writer)
-
-    def _may_write_inline(self, writer: _Writer) -> bool:
+    def _may_write_inline(self, writer: Writer[_Log]) -> bool:
         """Whether an awaited write of *writer* should run on the event loop's thread.
 
         Only an append to an existing file may (opening it again first, if its files were
@@ -545,37 +234,7 @@ class JsonlSessionPersistence:
             and loop_is_idle()
         )
 
-    async def _write_pending(self, writer: _Writer, *, inline: bool) -> None:
-        """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
-
-        The caller holds the lane, shielded, unless *inline* (then this never suspends). The
-        batch goes back to the head of the queue only if its write failed: a worker's write is
-        waited out even when the caller is cancelled meanwhile, and the cancellation is raised
-        after it, with the batch durable.
-        """
-        batch, writer.pending = writer.pending, []
-        writer.window_open = False
-        self._make_room(writer)
-        written = False
-
-        def write() -> None:
-            nonlocal written
-            self._timed_append(writer, batch)
-            written = True
-
-        try:
-            if inline:
-                write()
-            else:
-                await run_in_worker(write)
-        finally:
-            if written:
-                self._batches += 1
-            else:
-                writer.pending[:0] = batch
-            self._note_files(writer)
-
-    def _make_room(self, writer: _Writer) -> None:
+    def _before_write(self, writer: Writer[_Log]) -> None:
         """Before *writer* opens its files, close those of idle sessions while too many are open.
 
         The least recently written idle session goes first; a session is idle while no write
@@ -599,7 +258,7 @@ class JsonlSessionPersistence:
             if idle.log is not None:
                 self._release(idle.log)
 
-    def _note_files(self, writer: _Writer) -> None:
+    def _after_write(self, writer: Writer[_Log]) -> None:
         """Keep the order of the sessions whose files are open, after a write of *writer*."""
         log = writer.log
         if log is not None and log.lock_fd is not None:
@@ -608,54 +267,33 @@ class JsonlSessionPersistence:
         elif self._open.get(writer.session_id) is writer:
             del self._open[writer.session_id]
 
-    def _timed_append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
-        """:meth:`_append`, keeping the slowest recent write's duration for the next choice."""
-        start = time.perf_counter()
-        try:
-            self._append(writer, batch)
-        finally:
-            took = time.perf_counter() - start
-            writer.write_seconds = max(took, writer.write_seconds * 0.875)
-
-    def _append(self, writer: _Writer, batch: Sequence[SessionEvent]) -> None:
-        """Append *batch* to the session's file durably (blocking)."""
-        log = writer.log
+    def _ready(self, session_id: str, log: _Log | None) -> _Log:
         if log is None:
-            log = writer.log = self._open_for_writing(writer.session_id)
-        elif log.lock_fd is None:
-            self._reopen(log, writer.session_id)
+            return self._open_for_writing(session_id)
+        if log.lock_fd is None:
+            self._reopen(log, session_id)
         elif log.suspect:
-            self._verify(log, writer.session_id)
-        if log.count and batch[0].seq == 0:  # another process created the session meanwhile
-            raise SessionExistsError(
-                f"session {writer.session_id!r} already has a log of {log.count} events "
-                f"at {log.path}; a new session cannot write over it: continue it with "
-                f"'await host.sessions.resume({writer.session_id!r})'"
-            )
-        seqs = [event.seq for event in batch]
-        if seqs != list(range(log.count, log.count + len(seqs))):
-            index, seq = next((i, seq) for i, seq in enumerate(seqs) if seq != log.count + i)
-            raise SeqMismatchError(
-                f"session {writer.session_id!r}: refusing to write seq {seq} at "
-                f"position {index} of a batch; the log on disk holds {log.count} events, "
-                f"so seq {log.count + index} was expected"
-            )
+            self._verify(log, session_id)
+        return log
+
+    def _location(self, log: _Log) -> str:
+        return str(log.path)
+
+    def _append(self, log: _Log, session_id: str, batch: Sequence[SessionEvent]) -> None:
         data = encode_events(batch)
         if log.size == 0:  # the file does not exist yet
-            header = encode_header(SessionHeader(writer.session_id, batch[0].time))
+            header = encode_header(SessionHeader(session_id, batch[0].time))
             try:
                 self.files.publish(log.path, header + data)
             except BaseException:
-                # Nothing exists: keep no lock, and start over (off the loop) next time.
+                # Nothing exists: keep no lock; the next write opens and locks it again.
                 self._release(log)
-                writer.log = None
                 raise
             log.size = len(header) + len(data)
         else:
             if log.fd is None:  # opened only now, so a failed open cannot undo the publish
                 log.fd = self.files.open_append(log.path)
             self._append_bytes(log, log.fd, data)
-        log.count += len(batch)
 
     def _append_bytes(self, log: _Log, fd: int, data: bytes) -> None:
         """Write *data* at the end of the log and fsync; on failure, truncate it away."""
@@ -787,7 +425,7 @@ class JsonlSessionPersistence:
         """
         path = self._directory(session_id) / LOG_NAME
         scan, repair = await anyio.to_thread.run_sync(self._read_log, path, session_id)
-        return StoredLog(scan.header, scan.events, repair, len(scan.torn), path)
+        return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(path))
 
     async def load(self, session_id: str) -> StoredLog:
         """Read a log with recovery: cut a torn tail (kept beside the log), close an open turn.
@@ -799,19 +437,7 @@ class JsonlSessionPersistence:
         :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError,
             PersistenceError: as :meth:`inspect`; nothing is changed.
         """
-        writer = self._writers.get(session_id)
-        if writer is not None:
-            events = writer.session.events
-            if interrupted_turn_closers(events):
-                raise LiveSessionError(
-                    f"cannot load session {session_id!r} while its live turn is open"
-                )
-            await self._flush(writer)
-            assert writer.log is not None
-            header = SessionHeader(session_id, events[0].time)
-            return StoredLog(header, tuple(events), (), 0, writer.log.path)
-        # The repair is written once started, whatever cancels the caller meanwhile.
-        return await run_in_worker(partial(self._recover, session_id))
+        return await super().load(session_id)
 
     def _recover(self, session_id: str) -> StoredLog:
         directory = self._directory(session_id)
@@ -825,7 +451,7 @@ class JsonlSessionPersistence:
             # reading the log again.
             scan, repair = self._read_log(path, session_id)
             if not (scan.torn or repair):
-                return StoredLog(scan.header, scan.events, (), 0, path)
+                return StoredLog(scan.header, scan.events, (), 0, str(path))
         log = _Log(path, self._lock(session_id, directory))
         try:
             scan, repair = self._read_log(path, session_id)
@@ -838,7 +464,7 @@ class JsonlSessionPersistence:
                 log.size = scan.committed_bytes
                 if repair:
                     self._append_bytes(log, fd, encode_events(repair))
-            return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), path)
+            return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), str(path))
         finally:
             self._release(log)
 

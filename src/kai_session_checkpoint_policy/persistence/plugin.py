@@ -46,7 +46,8 @@ def host_configure(host: PluginHost[Any]) -> None:
         return
     if not isinstance(root, (str, os.PathLike)):
         raise TypeError(f"host option {ROOT_OPTION!r} must be a path, not {root!r}")
-    from .jsonl import DEFAULT_BATCH_WINDOW, DEFAULT_INLINE_WRITE_LIMIT, JsonlSessionPersistence
+    from .core import DEFAULT_BATCH_WINDOW
+    from .jsonl import DEFAULT_INLINE_WRITE_LIMIT, JsonlSessionPersistence
 
     backend = JsonlSessionPersistence(
         os.fspath(root),

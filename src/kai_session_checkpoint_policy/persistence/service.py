@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..contract import SessionPersistenceLike
 
 if TYPE_CHECKING:
-    from .jsonl import StoredLog
+    from .core import StoredLog
 
 __all__ = ["SessionPersistence"]
 

@@ -1,0 +1,534 @@
+"""What every persistence backend does the same way: queues, windows, flush barriers, cursors.
+
+Each appended event is queued for its session (the event is immutable, so the queue holds the
+event itself). A batch is written at the latest when the session's *window* expires: the window
+opens with the first event queued after the previous batch was taken and is never extended by
+later events. :meth:`WriteBehind.flush` is a barrier: it drains everything queued, including
+events queued while it runs, and returns once all of it is durable. Concurrent flushes of one
+session share one barrier, so a burst of tool checkpoints costs one durable write.
+
+Every batch is checked against the durable cursor (the number of events the store holds)
+before it is written: a gap or a repeat is refused, never written. A batch whose write failed
+goes back to the head of the queue for the next flush. A write handed to a worker thread is
+waited out whatever cancels its caller (:mod:`.workers`), so a batch and its session's lane
+never change hands while a thread still works on them.
+
+A backend subclasses :class:`WriteBehind` and says how a batch becomes durable and how a log is
+read: :meth:`~WriteBehind._ready` (get the session's handle ready for a write: open it, lock or
+lease it, learn its durable count), :meth:`~WriteBehind._append` (make one batch durable, all
+or nothing), :meth:`~WriteBehind._release` (let go of the handle), and
+:meth:`~WriteBehind._recover` (read a stored log and make its repair durable). Loading applies
+the same repair on every backend (:func:`~.repair.interrupted_turn_closers`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from ..cancellation import checkpoint_if_cancelled
+from ..contract import SessionExistsError
+from ..hookspecs import hookimpl
+from .errors import LiveSessionError, SeqMismatchError
+from .format import SessionHeader
+from .repair import interrupted_turn_closers
+from .workers import run_in_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from anyio.abc import TaskGroup
+
+    from ..contract import PluginHost, SessionLogLike
+    from ..events import SessionEvent
+    from ..hookspecs import FlushThunk
+
+__all__ = [
+    "DEFAULT_BATCH_WINDOW",
+    "LogHandle",
+    "PersistenceStatistics",
+    "StoredLog",
+    "WriteBehind",
+    "check_batch",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_WINDOW: Final = 0.2
+"""Seconds an admitted event may wait before a background batch writes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredLog:
+    """A session log as stored, and the repair that closes its open turn.
+
+    From ``inspect``, ``events`` are the stored events and ``repair`` the closers recovery
+    *would* append. From ``load``, ``events`` already end with ``repair``, which that call
+    appended. ``location`` names where the log is: a file, or a database and session.
+    """
+
+    header: SessionHeader
+    events: tuple[SessionEvent, ...]
+    repair: tuple[SessionEvent, ...]
+    torn_bytes: int
+    location: str
+
+    def __repr__(self) -> str:
+        # Not every event: a long log would take longer to show than to load.
+        return (
+            f"StoredLog(header={self.header!r}, events=<{len(self.events)} events>, "
+            f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
+            f"location={self.location!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PersistenceStatistics:
+    """Counters of one backend since it was created."""
+
+    sessions: int
+    """Live sessions with a writer (sessions that admitted events)."""
+    pending_events: int
+    """Events admitted and not yet durable."""
+    batches: int
+    """Batches made durable."""
+
+
+class LogHandle(Protocol):
+    """A backend's state for writing one session: at least the durable cursor."""
+
+    count: int
+    """Durable events: the seq the next event must have."""
+
+
+H = TypeVar("H", bound=LogHandle)
+
+
+class _Barrier:
+    """One flush in progress that later flushes of the same session join."""
+
+    __slots__ = ("done", "drained", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: Exception | None = None
+        self.drained = False  # whether its leader saw the queue empty
+
+
+class Writer(Generic[H]):
+    """The queue of one session, its single writing lane, and the backend's handle for it."""
+
+    __slots__ = (
+        "barrier",
+        "deadline",
+        "lane",
+        "log",
+        "pending",
+        "session",
+        "session_id",
+        "timer",
+        "window",
+        "window_open",
+        "write_seconds",
+    )
+
+    def __init__(self, session: SessionLogLike) -> None:
+        self.session = session
+        self.session_id = session.id
+        self.pending: list[SessionEvent] = []
+        self.window = 0  # counts windows, so the timer can tell whether its window is still open
+        self.window_open = False
+        self.deadline = 0.0  # when the open window expires
+        self.timer: anyio.CancelScope | None = None  # of the task waiting for window deadlines
+        self.barrier: _Barrier | None = None
+        # At most one write per session at a time; taken at once when free, without the
+        # scheduler round a plain anyio.Lock makes.
+        self.lane = anyio.Lock(fast_acquire=True)
+        self.log: H | None = None
+        self.write_seconds = 0.0  # the slowest recent write, losing an eighth per later write
+
+    @property
+    def durable_count(self) -> int:
+        """How many of the session's events are known to be durable."""
+        return 0 if self.log is None else self.log.count
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write or a flush of the session is under way."""
+        return self.lane.locked() or self.barrier is not None
+
+    def window_is(self, window: int) -> bool:
+        """Whether *window* is the open window, and no flush is draining the queue."""
+        return self.window == window and self.window_open and self.barrier is None
+
+
+def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], where: str) -> None:
+    """Refuse a batch that does not continue a log of *count* events exactly.
+
+    :raises SessionExistsError: if a new session's first batch meets a log another writer
+        created meanwhile.
+    :raises SeqMismatchError: naming the first seq that is not the one expected.
+    """
+    if count and batch[0].seq == 0:
+        raise SessionExistsError(
+            f"session {session_id!r} already has a log of {count} events at {where}; a new "
+            f"session cannot write over it: continue it with "
+            f"'await host.sessions.resume({session_id!r})'"
+        )
+    for index, event in enumerate(batch):
+        if event.seq != count + index:
+            raise SeqMismatchError(
+                f"session {session_id!r}: refusing to write seq {event.seq} at position "
+                f"{index} of a batch; the stored log holds {count} events, so seq "
+                f"{count + index} was expected"
+            )
+
+
+class WriteBehind(Generic[H]):
+    """The plugin half of a persistence backend: admit events, write batches, answer flushes.
+
+    :param batch_window: Seconds an event may wait before a background batch writes it.
+    """
+
+    name: str
+
+    def __init__(self, *, batch_window: float = DEFAULT_BATCH_WINDOW) -> None:
+        self.batch_window: Final = float(batch_window)
+        self._writers: dict[str, Writer[H]] = {}
+        self._task_group: TaskGroup | None = None
+        self._batches = 0
+
+    # -- plugin hooks ---------------------------------------------------------------------------
+
+    @hookimpl
+    def host_configure(self, host: PluginHost[Any]) -> None:
+        host.provide_session_persistence(self)
+        self._task_group = host.task_group
+        host.add_cleanup(self.aclose)
+
+    @hookimpl
+    def host_unconfigure(self, host: PluginHost[Any]) -> None:
+        host.withdraw_session_persistence(self)
+
+    @hookimpl
+    def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
+        writer = self._writers.get(session.id)
+        if writer is None:
+            writer = self._writers[session.id] = Writer(session)
+        writer.session = session  # a session resumed under the same id continues the same log
+        writer.pending.append(event)
+        if not writer.window_open and writer.barrier is None:
+            self._open_window(writer)
+
+    @hookimpl
+    def session_detach(self, session: SessionLogLike) -> None:
+        """Release what the session holds here once what it admitted is written.
+
+        A session with nothing queued and no write in flight is released at once (after
+        ``sessions.close()``, always); otherwise its queue is written in the background first.
+        A session whose last events cannot be written keeps its writer, so that closing the
+        backend tries again and reports the failure.
+        """
+        writer = self._writers.get(session.id)
+        if writer is None or writer.session is not session:
+            return
+        if not (writer.pending or writer.busy):
+            self._forget(writer)
+        elif self._task_group is not None:  # else the backend is closing, and drains it
+            self._task_group.start_soon(self._retire, writer, session)
+
+    @hookimpl
+    def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
+        writer = self._writers.get(session.id)
+        if writer is None:
+            return None
+        return lambda: self._flush(writer)
+
+    # -- what the backend provides ----------------------------------------------------------------
+
+    def session_exists(self, session_id: str) -> bool:
+        """Whether the backend holds a log for *session_id*; answers at once."""
+        raise NotImplementedError
+
+    async def inspect(self, session_id: str) -> StoredLog:
+        """Read a stored log and the repair recovery would add, changing nothing."""
+        raise NotImplementedError
+
+    def _ready(self, session_id: str, log: H | None) -> H:
+        """Get the session's handle ready for a write (blocking): its durable count known."""
+        raise NotImplementedError
+
+    def _append(self, log: H, session_id: str, batch: Sequence[SessionEvent]) -> None:
+        """Make *batch* durable after what *log* holds, all or nothing (blocking)."""
+        raise NotImplementedError
+
+    def _release(self, log: H) -> None:
+        """Let go of a handle: nothing is being written with it (quick; on the loop's thread)."""
+        raise NotImplementedError
+
+    def _recover(self, session_id: str) -> StoredLog:
+        """Read a stored log and make its repair durable (blocking)."""
+        raise NotImplementedError
+
+    def _location(self, log: H) -> str:
+        """Where *log* is stored, for messages."""
+        raise NotImplementedError
+
+    def _may_write_inline(self, writer: Writer[H]) -> bool:
+        """Whether an awaited write of *writer* may block the event loop's thread (never)."""
+        return False
+
+    def _before_write(self, writer: Writer[H]) -> None:
+        """Called on the loop's thread before a batch of *writer* is written."""
+
+    def _after_write(self, writer: Writer[H]) -> None:
+        """Called on the loop's thread after a write of *writer*, whether it succeeded or not."""
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    async def flush(self, session_id: str) -> None:
+        """Make every event admitted for *session_id* durable (nothing to do if none were)."""
+        writer = self._writers.get(session_id)
+        if writer is not None:
+            await self._flush(writer)
+
+    def durable_count(self, session_id: str) -> int:
+        """How many events of the live session *session_id* are known to be durable."""
+        writer = self._writers.get(session_id)
+        return 0 if writer is None else writer.durable_count
+
+    def statistics(self) -> PersistenceStatistics:
+        return PersistenceStatistics(
+            sessions=len(self._writers),
+            pending_events=sum(len(writer.pending) for writer in self._writers.values()),
+            batches=self._batches,
+        )
+
+    async def aclose(self) -> None:
+        """Drain every queue, then release every handle; the first drain failure is raised.
+
+        No window timer starts once closing has begun, and events admitted while the queues
+        drain are drained too. Each handle is released only when no write with it is in
+        flight.
+        """
+        self._task_group = None
+        failures: dict[str, Exception] = {}
+        while draining := [
+            writer
+            for writer in self._writers.values()
+            if (writer.pending or writer.lane.locked()) and writer.session_id not in failures
+        ]:
+            for writer in draining:
+                try:
+                    await self._flush(writer)
+                except Exception as exc:
+                    failures[writer.session_id] = exc
+        for writer in list(self._writers.values()):
+            async with writer.lane:
+                if writer.log is not None:
+                    self._release(writer.log)
+                    writer.log = None
+        self._writers.clear()
+        if failures:
+            raise next(iter(failures.values()))
+
+    async def _retire(self, writer: Writer[H], session: SessionLogLike) -> None:
+        try:
+            await self._flush(writer)
+        except Exception:
+            logger.exception(
+                "session %r was detached, and its last events could not be written; "
+                "closing the backend tries again",
+                writer.session_id,
+            )
+            return
+        async with writer.lane:
+            # Unless the id became live again meanwhile, with a new session that goes on.
+            if writer.session is session and not writer.pending:
+                self._forget(writer)
+
+    def _forget(self, writer: Writer[H]) -> None:
+        """Drop a drained writer, releasing its handle."""
+        if self._writers.get(writer.session_id) is writer:
+            del self._writers[writer.session_id]
+        if writer.log is not None:
+            self._release(writer.log)
+            writer.log = None
+        if writer.timer is not None:
+            writer.timer.cancel()  # its task holds the writer, and the writer the session
+
+    def _open_window(self, writer: Writer[H]) -> None:
+        """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
+
+        Nothing opens once the backend is closing (or before a host opened it).
+        """
+        if self._task_group is None:
+            return
+        writer.window += 1
+        writer.window_open = True
+        writer.deadline = anyio.current_time() + self.batch_window
+        if writer.timer is None:
+            writer.timer = anyio.CancelScope()
+            self._task_group.start_soon(self._window_timer, writer, writer.timer)
+
+    async def _flush(self, writer: Writer[H]) -> None:
+        """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
+        while (barrier := writer.barrier) is not None:
+            await barrier.done.wait()
+            if barrier.error is not None:
+                raise barrier.error
+            if barrier.drained:
+                await checkpoint_if_cancelled()
+                return
+            # Its leader was cancelled before the queue was empty: lead the next drain.
+        if not writer.lane.locked():
+            if writer.pending and self._may_write_inline(writer):
+                # No other task can run before this returns: no barrier to share, no await
+                # to shield. Nor a scheduler round after it (which costs a sixth of a small
+                # flush): what became ready meanwhile runs at the caller's next await.
+                await self._write_pending(writer, inline=True)  # never suspends
+            if not writer.pending:
+                await checkpoint_if_cancelled()
+                return
+        await self._drain(writer)
+        await checkpoint_if_cancelled()
+
+    async def _drain(self, writer: Writer[H]) -> None:
+        """Write batches until the queue is empty, as the leader of a new barrier.
+
+        The barrier is *drained* only if this saw the queue empty; a leader cancelled before
+        that (natively: anyio's cancellation cannot reach into the shield) leaves it undrained,
+        and its joiners drain on.
+        """
+        barrier = writer.barrier = _Barrier()
+        writer.window_open = False
+        try:
+            with anyio.CancelScope(shield=True):
+                await writer.lane.acquire()
+                try:
+                    await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
+                    while writer.pending:
+                        await self._write_pending(writer, inline=self._may_write_inline(writer))
+                    barrier.drained = True
+                    writer.barrier = None  # in the same step that saw the queue empty
+                finally:
+                    writer.lane.release()
+        except Exception as exc:
+            barrier.error = exc
+            raise
+        finally:
+            if writer.barrier is barrier:
+                writer.barrier = None
+            barrier.done.set()
+
+    async def _window_timer(self, writer: Writer[H], scope: anyio.CancelScope) -> None:
+        """Write each window's batch when the window expires, one window after another.
+
+        One task serves the windows of a writer in turn: if the window it waits for was closed
+        (by a flush) and a new one opened meanwhile, it waits on for the new one's deadline, so
+        a session that flushes every few events does not start a task for every window. The
+        task ends early (*scope* cancelled) when its session is released.
+        """
+        window, deadline = writer.window, writer.deadline
+        try:
+            with scope:
+                while True:
+                    # Sleep even if a flush already took the window: a task that exited at
+                    # once would be started again by the next event, for every flush.
+                    await anyio.sleep_until(deadline)
+                    if writer.window_is(window):
+                        async with writer.lane:
+                            if writer.window_is(window):  # no flush took it meanwhile
+                                await self._write_in_background(writer)
+                    if not writer.window_open:
+                        return
+                    window, deadline = writer.window, writer.deadline
+        finally:
+            if writer.timer is scope:
+                writer.timer = None
+
+    async def _write_in_background(self, writer: Writer[H]) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._write_pending(writer, inline=False)
+        except Exception:
+            logger.exception(
+                "background write of session %r failed; %s",
+                writer.session_id,
+                "the batch stays queued for the next window",
+            )
+            self._open_window(writer)
+
+    async def _write_pending(self, writer: Writer[H], *, inline: bool) -> None:
+        """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
+
+        The caller holds the lane, shielded, unless *inline* (then this never suspends). The
+        batch goes back to the head of the queue only if its write failed: a worker's write is
+        waited out even when the caller is cancelled meanwhile, and the cancellation is raised
+        after it, with the batch durable.
+        """
+        batch, writer.pending = writer.pending, []
+        writer.window_open = False
+        self._before_write(writer)
+        written = False
+
+        def write() -> None:
+            nonlocal written
+            self._write_batch(writer, batch)
+            written = True
+
+        try:
+            if inline:
+                write()
+            else:
+                await run_in_worker(write)
+        finally:
+            if written:
+                self._batches += 1
+            else:
+                writer.pending[:0] = batch
+            self._after_write(writer)
+
+    def _write_batch(self, writer: Writer[H], batch: Sequence[SessionEvent]) -> None:
+        """Check *batch* against the durable cursor and make it durable (blocking).
+
+        Keeps the duration of the slowest recent write, for :meth:`_may_write_inline`.
+        """
+        start = time.perf_counter()
+        try:
+            log = writer.log = self._ready(writer.session_id, writer.log)
+            check_batch(writer.session_id, log.count, batch, self._location(log))
+            self._append(log, writer.session_id, batch)
+            log.count += len(batch)
+        finally:
+            took = time.perf_counter() - start
+            writer.write_seconds = max(took, writer.write_seconds * 0.875)
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> StoredLog:
+        """Read a log with recovery: the repair it needs is durable before this returns.
+
+        A session that is live here is returned as it is, once flushed, if its turn is closed.
+
+        :raises LiveSessionError: if the session is live here and its turn is still open.
+        """
+        writer = self._writers.get(session_id)
+        if writer is not None:
+            events = writer.session.events
+            if interrupted_turn_closers(events):
+                raise LiveSessionError(
+                    f"cannot load session {session_id!r} while its live turn is open"
+                )
+            await self._flush(writer)
+            assert writer.log is not None
+            header = SessionHeader(session_id, events[0].time)
+            return StoredLog(header, tuple(events), (), 0, self._location(writer.log))
+        # The repair is written once started, whatever cancels the caller meanwhile.
+        return await run_in_worker(partial(self._recover, session_id))
