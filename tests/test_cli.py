@@ -50,10 +50,17 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int,
     return status, captured.out, captured.err
 
 
-def json_lines(text: str) -> list[dict[str, Any]]:
+def json_records(text: str) -> list[dict[str, Any]]:
     """Parse one JSON object per line (``Any``: tests index into it freely)."""
     records = [json.loads(line) for line in text.splitlines()]
     assert all(isinstance(record, dict) for record in records)
+    return records
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The records of ``--json`` output after its header record: events, torn tail, repair."""
+    header, *records = json_records(text)
+    assert set(header) == {"header"}
     return records
 
 
@@ -243,9 +250,10 @@ def test_inspect_marks_the_repair_it_would_add(
     status, out, err = run_cli(capsys, "inspect", crashed_root, "crashed", "--json")
     assert (status, err) == (0, "")
     records = json_lines(out)
-    stored_events = [record for record in records if "repair" not in record]
+    stored_events = [record for record in records if "type" in record]
     pending = [record["repair"] for record in records if "repair" in record]
     assert [event["seq"] for event in stored_events] == list(range(11))
+    assert {"torn": {"bytes": 33, "cut": False}} in records
     assert [event["type"] for event in pending] == [
         "tool/result",
         "step/end",
@@ -574,7 +582,7 @@ def test_colour_stays_and_nothing_else_reaches_a_terminal(
     hostile_log(tmp_path)
     log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, HOSTILE_ID)
     terminal = _Terminal()
-    cli._print_log(log, added_on_disk=False, stream=terminal, as_json=False)
+    cli._print_log(log, added_on_disk=False, stream=terminal, view=cli._View())
     out = terminal.getvalue()
     codes = re.findall(r"\x1b\[(\d+)m", out)
     assert set(codes) == {"0", "1", "2", "33"}  # bold, dim, the repair's colour, reset
@@ -780,7 +788,7 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
             assert child.wait(60) == cli.EXIT_BROKEN_PIPE == 141
         finally:
             reap(child)
-        assert first.startswith(b'{"type":"assistant/chunk"' if options else b"session long ")
+        assert first.startswith(b'{"header":{' if options else b"session long ")
         assert errors == b""
 
 

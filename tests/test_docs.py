@@ -153,7 +153,8 @@ def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
 def _inspect_json(root: Path, session_id: str, capsys: pytest.CaptureFixture[str]) -> list[Any]:
     capsys.readouterr()
     assert cli_main(["inspect", str(root), session_id, "--json"]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return [record for record in records if "type" in record]  # not the header
 
 
 @pytest.mark.usefixtures("no_autoload")

@@ -23,19 +23,33 @@ control character in them escaped (:func:`printable`); ``--json`` output is ASCI
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 
 import anyio
 
-from .output import Console, compact, event_line, format_time, printable
+from .output import (
+    Console,
+    LogSummary,
+    compact,
+    event_line,
+    format_time,
+    printable,
+    summarize,
+    turn_of_each,
+)
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Sequence
 
+    from .events import SessionEvent
     from .persistence import StoredLog
 
 __all__ = [
@@ -57,11 +71,6 @@ class UsageError(Exception):
 
 
 # -------------------------------------------------------------------------------------------
-# Output
-# -------------------------------------------------------------------------------------------
-
-
-# -------------------------------------------------------------------------------------------
 # Reading logs
 # -------------------------------------------------------------------------------------------
 
@@ -80,29 +89,48 @@ async def _list(args: argparse.Namespace) -> int:
 
     backend = JsonlSessionPersistence(_existing_root(args.root))
     listing = await backend.scan_sessions()
-    console = Console.for_stream(sys.stdout)
-    if not listing.headers and not listing.problems:
+    console = Console.for_stream(sys.stdout, live=False)
+    if args.json:  # one object per session, ASCII, the header's fields under their own names
+        for header in listing.headers:
+            record = {"id": header.id, "createdAt": header.created_at, "version": header.version}
+            console.line(json.dumps(record, separators=(",", ":")))
+    elif not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {printable(args.root)}"))
-    for header in listing.headers:  # oldest first
+    for header in () if args.json else listing.headers:  # oldest first
         console.line(f"{printable(header.id)}\t{format_time(header.created_at)}")
+    sys.stdout.flush()
     for problem in listing.problems:
         directory = printable(str(problem.directory))
         print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
     return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
 
-def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: bool) -> None:
+@dataclass(frozen=True)
+class _View:
+    """Which part of a log to print, and how."""
+
+    as_json: bool = False
+    summary: bool = False
+    tail: int | None = None
+    turn: int | None = None
+
+    def select(self, stored: Sequence[SessionEvent]) -> Sequence[SessionEvent]:
+        """The stored events to show: one turn's, then the last *tail* of them."""
+        if self.turn is not None:
+            turns = turn_of_each(stored)
+            stored = [event for event, turn in zip(stored, turns, strict=True) if turn == self.turn]
+        if self.tail is not None:
+            stored = stored[len(stored) - self.tail :] if self.tail else []
+        return stored
+
+
+def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: _View) -> None:
     """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
     stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
-    if as_json:  # each event as the log stores it
-        lines = [event.encode() for event in log.events]
-        if not added_on_disk:
-            lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
-        # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
-        stream.writelines(f"{line}\n" for line in lines)
-        stream.flush()
+    if view.as_json:
+        _print_json(log, stored, added_on_disk=added_on_disk, stream=stream, view=view)
         return
-    console = Console.for_stream(stream)
+    console = Console.for_stream(stream, live=False)
     header = log.header
     console.line(
         console.bold(f"session {printable(header.id)}")
@@ -111,7 +139,13 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
             f"{printable(str(log.location))}"
         )
     )
-    for event in stored:
+    if view.summary:
+        _print_summary(console, summarize(stored, log.repair, log.torn_bytes), added_on_disk)
+        return
+    shown = view.select(stored)
+    if len(shown) < len(stored):
+        console.line(console.dim(f"({len(stored) - len(shown)} of {len(stored)} events not shown)"))
+    for event in shown:
         console.line(event_line(console, event))
     if log.torn_bytes:
         verb = "were cut off" if added_on_disk else "would be cut off"
@@ -128,15 +162,107 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         console.line(event_line(console, event, mark="+", paint=console.note))
 
 
+def _print_summary(console: Console, summary: LogSummary, added_on_disk: bool) -> None:
+    console.line(f"{summary.events} events in {summary.turns} turns")
+    for event_type, count in summary.by_type.items():
+        console.line(f"  {count:>9}  {printable(event_type)}")
+    if summary.open_turn is None:
+        console.line("every turn is closed")
+    else:
+        console.line(f"turn {summary.open_turn} is open ({summary.open_turn_events} events)")
+    if summary.torn_bytes:
+        verb = "were cut off" if added_on_disk else "would be cut off"
+        console.line(console.note(f"a torn tail of {summary.torn_bytes} bytes {verb}"))
+    if summary.repair:
+        verb = "recovery added" if added_on_disk else "recovery would add"
+        console.line(console.note(f"{verb}: {', '.join(summary.repair)}"))
+
+
+def _print_json(
+    log: StoredLog,
+    stored: Sequence[SessionEvent],
+    *,
+    added_on_disk: bool,
+    stream: TextIO,
+    view: _View,
+) -> None:
+    """One record per line: the header, each event as stored, the torn tail, the repair.
+
+    Only events have a ``type`` at the top level; the header, the torn tail and a repair not
+    yet on disk are wrapped (``{"header": ...}``, ``{"torn": ...}``, ``{"repair": ...}``).
+    """
+    from .persistence.format import encode_header
+
+    header = json.loads(encode_header(log.header))
+    lines = [json.dumps({"header": header}, separators=(",", ":"))]
+    lines += [event.encode() for event in view.select(stored)]
+    if log.torn_bytes:
+        torn = {"bytes": log.torn_bytes, "cut": added_on_disk}
+        lines.append(json.dumps({"torn": torn}, separators=(",", ":")))
+    if added_on_disk:
+        lines += [event.encode() for event in log.repair]
+    else:
+        lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
+    # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
+    stream.writelines(f"{line}\n" for line in lines)
+
+
 async def _show_log(args: argparse.Namespace) -> int:
     """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
     from .persistence import JsonlSessionPersistence
 
     backend = JsonlSessionPersistence(_existing_root(args.root))
     read = backend.load if args.recover else backend.inspect
-    log = await read(args.session)
-    _print_log(log, added_on_disk=args.recover, stream=sys.stdout, as_json=args.json)
+    async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
+        log = await read(args.session)
+    view = _View(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
+    _print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
+    sys.stdout.flush()
     return EXIT_OK
+
+
+PROGRESS_DELAY_ENV: Final = "KAI_CHECKPOINT_PROGRESS_DELAY"
+"""Seconds a read may take before its progress is shown (default 1)."""
+
+
+@asynccontextmanager
+async def _progress(what: str) -> AsyncIterator[None]:
+    """Show on standard error, if it is a terminal, how long a slow read has taken so far.
+
+    Nothing is shown for a read that takes less than a second; the line is erased when the
+    read ends, so that only the command's output stays.
+    """
+    if not sys.stderr.isatty():
+        yield
+        return
+    delay = float(os.environ.get(PROGRESS_DELAY_ENV) or 1.0)
+    started = anyio.current_time()
+    shown = False
+
+    def draw() -> None:
+        nonlocal shown
+        elapsed = anyio.current_time() - started
+        sys.stderr.write(f"\r\x1b[K{PROG}: {printable(what)}... {elapsed:.0f} s")
+        sys.stderr.flush()
+        shown = True
+
+    async def show() -> None:
+        await anyio.sleep(delay)
+        while True:
+            draw()
+            await anyio.sleep(1)
+
+    if delay <= 0:
+        draw()  # at once: a delay of 0 shows the line however fast the read is
+    async with anyio.create_task_group() as group:
+        group.start_soon(show)
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()
+    if shown:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
 
 
 # -------------------------------------------------------------------------------------------
@@ -191,6 +317,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         problem = printable(message)  # it may quote the command line
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {problem} (see '{self.prog} --help')\n")
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"not a whole number, 0 or more: {text!r}")
+    return count
 
 
 def _positive_seconds(text: str) -> float:
@@ -267,6 +403,9 @@ def _parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="the sessions under ROOT")
     listing.add_argument("root", metavar="ROOT")
+    listing.add_argument(
+        "--json", action="store_true", help="one object per session: id, createdAt, version"
+    )
     listing.set_defaults(run=_list)
 
     for name, summary in (
@@ -276,11 +415,19 @@ def _parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=summary, description=summary)
         command.add_argument("root", metavar="ROOT")
         command.add_argument("session", metavar="SESSION")
-        command.add_argument(
+        shape = command.add_mutually_exclusive_group()
+        shape.add_argument(
             "--json",
             action="store_true",
-            help="one event per line: {type, seq, time, data}",
+            help="one record per line: the header, each event as stored, the torn tail, the repair",
         )
+        shape.add_argument(
+            "--summary",
+            action="store_true",
+            help="counts by event type, the turns, the open turn, the repair",
+        )
+        command.add_argument("--tail", type=_count, metavar="N", help="only the last N events")
+        command.add_argument("--turn", type=_count, metavar="N", help="only the events of turn N")
         command.set_defaults(run=_show_log, recover=name == "recover")
     return parser
 

@@ -16,11 +16,21 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Final, TextIO
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from .events import JSON, SessionEvent
 
-__all__ = ["Console", "compact", "describe", "event_line", "format_time", "printable"]
+__all__ = [
+    "Console",
+    "LogSummary",
+    "compact",
+    "describe",
+    "event_line",
+    "format_time",
+    "printable",
+    "summarize",
+    "turn_of_each",
+]
 
 
 @dataclass
@@ -33,15 +43,17 @@ class Console:
 
     stream: TextIO
     color: bool = False
+    live: bool = True
+    """Flush after every line (as the demo wants); a long listing leaves it to the stream."""
 
     @classmethod
-    def for_stream(cls, stream: TextIO) -> Console:
+    def for_stream(cls, stream: TextIO, *, live: bool = True) -> Console:
         wants_color = (
             stream.isatty()
             and not os.environ.get("NO_COLOR")
             and os.environ.get("TERM", "") != "dumb"
         )
-        return cls(stream, wants_color)
+        return cls(stream, wants_color, live)
 
     def _paint(self, code: str, text: str) -> str:
         return f"\033[{code}m{text}\033[0m" if self.color else text
@@ -63,7 +75,8 @@ class Console:
 
     def line(self, text: str = "") -> None:
         self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.live:
+            self.stream.flush()
 
 
 _UNPRINTABLE: Final = re.compile(
@@ -124,7 +137,8 @@ def _block(block: JSON) -> str:
 
 def _chunk(chunk: dict[str, JSON]) -> str:
     """One stream chunk, in the shapes of ``contract.StreamChunk``."""
-    kind, index = chunk.get("type"), chunk.get("index")
+    kind = chunk.get("type")
+    index = chunk.get("index") if type(chunk.get("index")) is int else "?"
     if kind == "block-start":
         return f"block {index} starts: {chunk.get('blockType')}"
     if kind in ("text-delta", "reasoning-delta"):
@@ -223,3 +237,55 @@ def event_line(
 def format_time(epoch_ms: int) -> str:
     moment = datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def turn_of_each(events: Sequence[SessionEvent]) -> list[int | None]:
+    """The turn each event belongs to (from its ``turn/start`` to its ``turn/end``), or ``None``."""
+    turns: list[int | None] = []
+    current: int | None = None
+    for event in events:
+        if event.type == "turn/start":
+            turn = event.data.get("turn")
+            current = turn if type(turn) is int else None
+        turns.append(current)
+        if event.type == "turn/end":
+            current = None
+    return turns
+
+
+@dataclass(frozen=True, slots=True)
+class LogSummary:
+    """What a log holds, in numbers: the lines ``inspect --summary`` prints."""
+
+    events: int
+    by_type: dict[str, int]
+    turns: int
+    open_turn: int | None
+    """The turn the log ends inside, if any."""
+    open_turn_events: int
+    repair: tuple[str, ...]
+    torn_bytes: int
+
+
+def summarize(
+    stored: Sequence[SessionEvent], repair: Sequence[SessionEvent], torn: int
+) -> LogSummary:
+    """Count *stored* by type and by turn; name the repair recovery adds, or added."""
+    by_type: dict[str, int] = {}
+    for event in stored:
+        by_type[event.type] = by_type.get(event.type, 0) + 1
+    turns = turn_of_each(stored)
+    open_turn = turns[-1] if turns else None
+    open_events = 0
+    if open_turn is not None:
+        while open_events < len(turns) and turns[-1 - open_events] == open_turn:
+            open_events += 1
+    return LogSummary(
+        events=len(stored),
+        by_type=dict(sorted(by_type.items(), key=lambda item: (-item[1], item[0]))),
+        turns=by_type.get("turn/start", 0),
+        open_turn=open_turn,
+        open_turn_events=open_events,
+        repair=tuple(event.type for event in repair),
+        torn_bytes=torn,
+    )

@@ -1,0 +1,199 @@
+"""The command line on big logs: a summary, filters, JSON records, buffered output, progress."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli
+
+from .persistence_helpers import COMPLETE_TURN, events, log_bytes, write_log
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+COMMAND = [sys.executable, "-m", "kai_session_checkpoint_policy"]
+
+CHUNK: JSONObject = {"turn": 2, "step": 1, "chunk": {"type": "text-delta"}}
+OPEN_TURN: list[tuple[str, JSONObject]] = [
+    ("turn/start", {"turn": 2}),
+    ("step/start", {"turn": 2, "step": 1}),
+    *[("assistant/chunk", CHUNK)] * 3,
+]
+
+
+@pytest.fixture
+def two_turns(tmp_path: Path) -> Path:
+    """A closed turn of six events, then an open one of five, then a torn fragment."""
+    body = log_bytes("s", events(*COMPLETE_TURN, *OPEN_TURN)) + b'{"type":"assis'
+    write_log(tmp_path, "s", body)
+    return tmp_path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    status = cli.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_a_summary_counts_types_and_turns_and_names_the_repair(
+    two_turns: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(capsys, "inspect", two_turns, "s", "--summary")
+    assert (status, err) == (0, "")
+    assert out.splitlines()[1:] == [
+        "11 events in 2 turns",
+        "          3  assistant/chunk",
+        "          2  step/start",
+        "          2  turn/start",
+        "          1  assistant/message",
+        "          1  step/end",
+        "          1  turn/end",
+        "          1  user/message",
+        "turn 2 is open (5 events)",
+        "a torn tail of 14 bytes would be cut off",
+        "recovery would add: step/end, turn/end",
+    ]
+
+
+def test_tail_and_turn_choose_the_events_shown(
+    two_turns: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def seqs(*options: str) -> list[int]:
+        status, out, _err = run(capsys, "inspect", two_turns, "s", "--json", *options)
+        assert status == 0
+        return [record["seq"] for record in records(out) if "type" in record]
+
+    assert seqs("--tail", "2") == [9, 10]
+    assert seqs("--turn", "1") == [0, 1, 2, 3, 4, 5]
+    assert seqs("--turn", "2", "--tail", "3") == [8, 9, 10]
+    assert seqs("--turn", "3") == []
+    assert seqs("--tail", "0") == []
+    status, out, _err = run(capsys, "inspect", two_turns, "s", "--tail", "1")
+    assert status == 0
+    assert "(10 of 11 events not shown)" in out
+    assert "  10  assistant/chunk" in out
+
+
+def records(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_json_has_the_header_and_the_torn_tail_as_records_no_reader_takes_for_events(
+    two_turns: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _err = run(capsys, "inspect", two_turns, "s", "--json")
+    assert status == 0
+    header, *rest = records(out)
+    stored_header = (two_turns / "s" / "session.jsonl").read_bytes().split(b"\n", 1)[0]
+    assert header == {"header": json.loads(stored_header)}
+    events_only = [record for record in rest if "type" in record]
+    assert [record["seq"] for record in events_only] == list(range(11))
+    assert rest[11:] == [
+        {"torn": {"bytes": 14, "cut": False}},
+        {
+            "repair": {
+                "type": "step/end",
+                "seq": 11,
+                "time": rest[10]["time"],
+                "data": {"turn": 2, "step": 1},
+            }
+        },
+        {
+            "repair": {
+                "type": "turn/end",
+                "seq": 12,
+                "time": rest[10]["time"],
+                "data": {"turn": 2, "reason": {"kind": "interrupted"}},
+            }
+        },
+    ]
+    status, out, _err = run(capsys, "recover", two_turns, "s", "--json")
+    assert status == 0
+    header, *rest = records(out)
+    assert [record.get("type") for record in rest][-3:] == [None, "step/end", "turn/end"]
+    assert rest[-3] == {"torn": {"bytes": 14, "cut": True}}
+
+
+def test_list_in_json(two_turns: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_log(two_turns, "t", log_bytes("t", events(*COMPLETE_TURN)))
+    status, out, err = run(capsys, "list", two_turns, "--json")
+    assert (status, err) == (0, "")
+    assert records(out) == [
+        {"id": "s", "createdAt": 1_700_000_000_000, "version": 1},
+        {"id": "t", "createdAt": 1_700_000_000_000, "version": 1},
+    ]
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_a_long_listing_is_written_without_a_flush_per_line(tmp_path: Path) -> None:
+    chunk: JSONObject = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "x"}}
+    write_log(tmp_path, "long", log_bytes("long", events(*[("assistant/chunk", chunk)] * 5000)))
+    log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, "long")
+    stream = CountingStream()
+    cli._print_log(log, added_on_disk=False, stream=stream, view=cli._View())
+    assert stream.getvalue().count("\n") == 5002  # the header, the events, the closing note
+    assert stream.flushes == 0  # the stream's own buffering decides; stdout writes in blocks
+
+
+def read_all(fd: int) -> bytes:
+    chunks = []
+    while select.select([fd], [], [], 10)[0]:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the other side closed: EIO on Linux
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_progress_appears_on_a_terminal_and_is_erased(two_turns: Path) -> None:
+    parent, child_side = pty.openpty()
+    environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
+    with subprocess.Popen(
+        [*COMMAND, "inspect", str(two_turns), "s", "--summary"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=child_side,
+        env=environment,
+    ) as child:
+        os.close(child_side)
+        terminal = read_all(parent)
+        out = child.stdout.read() if child.stdout else b""
+        assert child.wait(30) == 0
+    os.close(parent)
+    assert terminal.startswith(b"\r\x1b[Kkai-checkpoint: reading s... 0 s")
+    assert terminal.endswith(b"\r\x1b[K")  # nothing of it stays on the screen
+    assert b"11 events in 2 turns" in out
+
+
+def test_no_progress_when_standard_error_is_not_a_terminal(two_turns: Path) -> None:
+    environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
+    completed = subprocess.run(
+        [*COMMAND, "inspect", str(two_turns), "s", "--summary"],
+        capture_output=True,
+        env=environment,
+        timeout=60,
+        check=True,
+    )
+    assert completed.stderr == b""
