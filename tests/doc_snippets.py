@@ -34,7 +34,12 @@ MARKER: Final = re.compile(
 
 
 def region(path: Path, kind: str | None, name: str | None) -> str:
-    """The code a marker names, ending with a newline."""
+    """The code a marker names, without the blank lines it ends with (as ``ruff format`` has
+    it in a Markdown code block), ending with a newline."""
+    return _region(path, kind, name).rstrip("\n") + "\n"
+
+
+def _region(path: Path, kind: str | None, name: str | None) -> str:
     text = path.read_text()
     if kind is None:
         return text
