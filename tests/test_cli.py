@@ -24,7 +24,7 @@ import pytest
 
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
-from kai_session_checkpoint_policy.events import tool_result_data
+from kai_session_checkpoint_policy.eventdata import tool_result as tool_result_data
 from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
