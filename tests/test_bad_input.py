@@ -298,7 +298,8 @@ def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str
 
 def test_surrogates_written_raw_by_another_writer_are_read(tmp_path: Path) -> None:
     """A surrogate as the three bytes UTF-8 would give it, as some writers leave them."""
-    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"},"ignorable":true}\n'
+    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"},'
+    line += b'"ignorable":true}\n'
     write_log(tmp_path, "s", encode_header(SessionHeader("s", 1)) + line)
     loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
     assert [event.data for event in loaded.events] == [{"\ud800": "a\udcff"}]
@@ -567,7 +568,7 @@ def test_the_latest_time_a_log_may_hold_is_shown(
 ) -> None:
     write_log(tmp_path, "s", encode_header(SessionHeader("s", MAX_TIME)))
     assert cli.main(["list", str(tmp_path)]) == 0
-    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\n", "")
+    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\t_no-cwd/s/session.jsonl\n", "")
 
 
 # -- a log in another session's place --------------------------------------------------------

@@ -381,7 +381,8 @@ async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
     again = await backend.load("crashed")
     assert (again.events, again.repair, again.torn_bytes) == (loaded.events, (), 0)
     assert repr(loaded) == (  # counts, not a million events
-        f"StoredLog(header={loaded.header!r}, events=<10 events>, repair=<2 events>, torn_bytes=21, "
+        f"StoredLog(header={loaded.header!r}, events=<10 events>, repair=<2 events>, "
+        "torn_bytes=21, "
         f"location={str(path)!r})"
     )
     async with Host([backend], autoload=False) as host:

@@ -190,32 +190,59 @@ def test_damage_followed_by_a_record_of_another_shape_names_the_damage() -> None
 
 DEEP = "[" * 65 + "]" * 65
 SHAPES = {
-    "an extra key": (b'{"type":"todo/write","seq":8,"time":1,"data":{},"extra":1}', "not an event envelope"),
-    "a missing key": (b'{"type":"todo/write","seq":8,"data":{}}', "not an event envelope"),
-    "a seq as a string": (b'{"type":"todo/write","seq":"8","time":1,"data":{}}', "seq is not an integer"),
+    "an extra key": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{},"extra":1}',
+        "not an event envelope",
+    ),
+    "a missing key": (b'{"type":"plan/mode","seq":8,"data":{}}', "not an event envelope"),
+    "a seq as a string": (
+        b'{"type":"plan/mode","seq":"8","time":1,"data":{}}',
+        "seq is not an integer",
+    ),
     "a type that is not a string": (b'{"type":8,"seq":8,"time":1,"data":{}}', "the event type"),
-    "data that is not an object": (b'{"type":"todo/write","seq":8,"time":1,"data":[]}', "the event data"),
-    "a seq out of order": (b'{"type":"todo/write","seq":9,"time":1,"data":{}}', "seq 9 where 8 was"),
-    "a repeated seq": (b'{"type":"todo/write","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
-    "NaN": (b'{"type":"todo/write","seq":8,"time":1,"data":{"v":NaN}}', "NaN is not a finite number"),
-    "-Infinity": (b'{"type":"todo/write","seq":8,"time":1,"data":{"v":-Infinity}}', "-Infinity is not"),
-    "1e999": (b'{"type":"todo/write","seq":8,"time":1,"data":{"v":1e999}}', "1e999 is not a finite"),
-    "-1e999": (b'{"type":"todo/write","seq":8,"time":1,"data":{"v":-1e999}}', "-1e999 is not a finite"),
+    "data that is not an object": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":[]}',
+        "the event data",
+    ),
+    "a seq out of order": (
+        b'{"type":"plan/mode","seq":9,"time":1,"data":{}}',
+        "seq 9 where 8 was",
+    ),
+    "a repeated seq": (b'{"type":"plan/mode","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
+    "NaN": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":NaN}}',
+        "NaN is not a finite number",
+    ),
+    "-Infinity": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-Infinity}}',
+        "-Infinity is not",
+    ),
+    "1e999": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1e999}}',
+        "1e999 is not a finite",
+    ),
+    "-1e999": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-1e999}}',
+        "-1e999 is not a finite",
+    ),
     "a 400-digit float": (
-        b'{"type":"todo/write","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
         "is not a finite number",
     ),
-    "a negative time": (b'{"type":"todo/write","seq":8,"time":-1,"data":{}}', "the event time is not an"),
+    "a negative time": (
+        b'{"type":"plan/mode","seq":8,"time":-1,"data":{}}',
+        "the event time is not an",
+    ),
     "a time after the year 9999": (
-        b'{"type":"todo/write","seq":8,"time":253402300800000,"data":{}}',
+        b'{"type":"plan/mode","seq":8,"time":253402300800000,"data":{}}',
         "the event time is not an integer from 0 to 253402300799999",
     ),
     "a time of 10**30": (
-        b'{"type":"todo/write","seq":8,"time":%d,"data":{}}' % 10**30,
+        b'{"type":"plan/mode","seq":8,"time":%d,"data":{}}' % 10**30,
         "the event time is not an integer from 0 to 253402300799999",
     ),
     "data nested 65 levels": (
-        b'{"type":"todo/write","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
         "the line is nested 66 levels deep; an event line nests at most 65 (its data at most 64)",
     ),
 }

@@ -11,8 +11,9 @@ Subcommands::
 
 Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
 this release does not read), with one line on standard error that names the problem.
-``list`` prints every intact session on standard output and one line per session it cannot
-read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
+``list`` prints every intact session on standard output (its id, when it was created, and its
+log relative to the root) and one line per session it cannot read on standard error; it then
+exits with status 2. ``list`` and ``inspect`` never write
 anything. When the reader of standard output goes away (``kai-checkpoint inspect ... | head``),
 the command stops quietly with status 141, as a program killed by ``SIGPIPE`` does.
 
@@ -36,7 +37,7 @@ from .persistence.core import DEFAULT_BATCH_WINDOW
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .persistence import StoredLog
+    from .persistence import SessionHeader, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -83,8 +84,9 @@ async def _list(args: argparse.Namespace) -> int:
     console = Console.for_stream(sys.stdout)
     if not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {printable(args.root)}"))
-    for header in listing.headers:  # oldest first
-        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}")
+    for header, log in zip(listing.headers, listing.logs, strict=True):  # oldest first
+        where = printable(str(log.relative_to(backend.root)))  # the layout, and compression
+        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}\t{where}")
     for problem in listing.problems:
         directory = printable(str(problem.directory))
         print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
@@ -107,7 +109,7 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
     console.line(
         console.bold(f"session {printable(header.id)}")
         + console.dim(
-            f"  created {format_time(header.created_at)}, format version {header.version}, "
+            f"  created {format_time(header.created_at)}, {_format_of(header)}, "
             f"{printable(str(log.location))}"
         )
     )
@@ -126,6 +128,15 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, as_json: 
         console.line(console.note("recovery would add (not on disk; run 'recover' to write it):"))
     for event in log.repair:
         console.line(event_line(console, event, mark="+", paint=console.note))
+
+
+def _format_of(header: SessionHeader) -> str:
+    """The format version, the earlier format named, and the working directory if any."""
+    if header.earlier_format:
+        described = f"this project's earlier format (version {header.version})"
+    else:
+        described = f"format version {header.version}"
+    return described if header.cwd is None else f"{described}, cwd {printable(header.cwd)}"
 
 
 async def _show_log(args: argparse.Namespace) -> int:
@@ -279,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--json",
             action="store_true",
-            help="one event per line: {type, seq, time, data}",
+            help="one event per line, exactly as stored: {type, seq, time, data, ...}",
         )
         command.set_defaults(run=_show_log, recover=name == "recover")
     return parser

@@ -131,8 +131,8 @@ def _chunk(chunk: dict[str, JSON]) -> str:
 def describe(event: SessionEvent) -> str:
     """A one-line human summary of *event*, :func:`printable`.
 
-    What the envelope says comes first: the chunks a message was made from, the call a result
-    answers, a replacement, an ignorable event.
+    What the envelope says is shown too: the chunks a message was made from, the ``tool/call``
+    a result answers (``[<call id> of seq <n>]``), a replacement, an ignorable event.
     """
     notes = [note for note in (_sources(event), _surface(event)) if note]
     if event.ignorable:
@@ -153,14 +153,12 @@ def _seq_ranges(seqs: tuple[int, ...]) -> str:
 
 
 def _sources(event: SessionEvent) -> str:
+    """The events a message was made from; a tool result names its call in its summary."""
     seqs = event.source_event_seqs
-    if seqs is None:
+    if seqs is None or event.type == "tool/result":
         return ""
     if event.type == "assistant/message":
         return f"from chunks {_seq_ranges(seqs)}" if seqs else "from no chunks"
-    if event.type == "tool/result":
-        call = eventdata.result_call_id(event.data)
-        return f"answers {call if call is not None else 'the call'} of seq {_seq_ranges(seqs)}"
     return f"from seqs {_seq_ranges(seqs)}"
 
 
@@ -212,6 +210,8 @@ def _summary(event: SessionEvent) -> str:
     if kind == "tool/result":
         message = eventdata.message_of(kind, data)
         call_id = eventdata.result_call_id(data) or "?"
+        if event.source_event_seqs:
+            call_id += f" of seq {_seq_ranges(event.source_event_seqs)}"
         failure = eventdata.error_of(data)
         status = "ok"
         if failure is not None:
