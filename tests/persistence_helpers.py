@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kai_session_checkpoint_policy import TextBlock, ToolResult, eventdata
 from kai_session_checkpoint_policy.events import (
@@ -15,6 +15,7 @@ from kai_session_checkpoint_policy.events import (
     SURFACE_EVENT_TYPES,
     JSONObject,
     SessionEvent,
+    SurfaceOp,
     encode_data,
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
@@ -45,7 +46,7 @@ T0 = 1_700_000_000_000
 def event(event_type: str, seq: int, data: JSONObject, time: int = T0) -> SessionEvent:
     """An event as the reference host appends it: a surface event has ``surfaceOp`` append."""
     copy, encoded = encode_data(event_type, data)
-    surface = "append" if event_type in SURFACE_EVENT_TYPES else None
+    surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
     return SessionEvent(event_type, seq, time + seq, copy, encoded, surface)
 
 
@@ -80,9 +81,8 @@ def tool_call(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
 
 def tool_result(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
     """A ``tool/result`` event as the host records it, answering *call_id* with ``ok``."""
-    return "tool/result", dict(
-        eventdata.tool_result(turn, step, call_id, ToolResult((TextBlock("ok"),)))
-    )
+    data = eventdata.tool_result(turn, step, call_id, ToolResult((TextBlock("ok"),)))
+    return "tool/result", cast("JSONObject", data)
 
 
 COMPLETE_TURN: list[tuple[str, JSONObject]] = [

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
     from pathlib import Path
 
-    from kai_session_checkpoint_policy import JSON, StreamChunk
+    from kai_session_checkpoint_policy import JSON, JSONObject, StreamChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -201,7 +201,7 @@ def _turn_of(session: Session) -> int:
     return sum(1 for event in session.events if event.type == "turn/start")
 
 
-def stored_records(root: Path, session_id: str) -> list[dict[str, object]]:
+def stored_records(root: Path, session_id: str) -> list[JSONObject]:
     """The stored events of a session, as the JSON objects of their envelopes."""
     return [event.to_json() for event in stored_events(find_log(root, session_id))]
 

@@ -18,7 +18,7 @@ import sys
 import time
 import unicodedata
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 import pytest
@@ -523,7 +523,10 @@ def hostile_log(root: Path, session_id: str = HOSTILE_ID) -> list[SessionEvent]:
             ),
             (
                 "tool/result",
-                tool_result_data(1, 1, call_id, ToolResult((TextBlock(piece),), is_error=True)),
+                cast(
+                    "JSONObject",
+                    tool_result_data(1, 1, call_id, ToolResult((TextBlock(piece),), is_error=True)),
+                ),
             ),
             (f"note{piece}", {"note": piece}),
         ]

@@ -336,7 +336,7 @@ def test_the_surface_fields_and_types_are_checked_when_appended() -> None:
 
 # -- torn tails and damage -----------------------------------------------------------------------
 
-OPEN_CALL: Final = [
+OPEN_CALL: Final[list[tuple[str, JSONObject]]] = [
     *COMPLETE_TURN,
     ("turn/start", {"turn": 2}),
     ("step/start", {"turn": 2, "step": 1}),
