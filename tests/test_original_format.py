@@ -605,3 +605,41 @@ def test_writing_a_session_whose_earlier_log_was_not_converted_is_refused(tmp_pa
     assert tree(tmp_path, locks=False) == {
         name: entry for name, entry in before.items() if not name.endswith("lock")
     }
+
+
+def test_the_format_knows_the_original_s_48_event_types() -> None:
+    from kai_session_checkpoint_policy.events import EVENT_TYPES, KNOWN_EVENT_TYPES
+
+    assert len(KNOWN_EVENT_TYPES) == 48
+    assert EVENT_TYPES <= KNOWN_EVENT_TYPES
+    assert {"mode/set", "request/header-delta", "text-chunks"}.isdisjoint(KNOWN_EVENT_TYPES)
+
+
+@pytest.mark.parametrize(
+    ("row", "problem"),
+    [
+        (
+            b'{"type":"text-chunks","seq0":0,"time0":1,"data":{"turn":1,"step":1,"index":0,'
+            b'"dt":[0],"texts":["a","b","c"]}}',
+            "a malformed text-chunks row: dt does not hold one time step fewer than its 3 pieces",
+        ),
+        (
+            b'{"type":"tool-call-chunks","seq0":0,"time0":1,"data":{"turn":1,"step":1,'
+            b'"index":0,"dt":[0,0],"id":"c","args":["a","b",7]}}',
+            "a malformed tool-call-chunks row: its pieces are not a non-empty list of strings",
+        ),
+        (
+            b'{"type":"text-chunks","seq0":3,"time0":1,"data":{"turn":1,"step":1,"index":0,'
+            b'"dt":[0],"texts":["a","b"]}}',
+            "seq 3 where 0 was expected",
+        ),
+    ],
+)
+def test_a_malformed_row_is_corruption_never_a_torn_tail(
+    tmp_path: Path, row: bytes, problem: str
+) -> None:
+    path = write_log(tmp_path, "s", encode_header(SessionHeader("s", 1)) + row + b"\n")
+    with pytest.raises(CorruptLogError) as refused:
+        anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (refused.value.line, refused.value.seq, refused.value.problem) == (2, 0, problem)
+    assert path.read_bytes().endswith(row + b"\n")
