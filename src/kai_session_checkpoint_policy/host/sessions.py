@@ -41,10 +41,6 @@ def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-_PLAIN_TYPES = KNOWN_EVENT_TYPES - SURFACE_EVENT_TYPES
-"""The known types whose events carry no surface fields: the fast path of an append."""
-
-
 def _require_name(what: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise SessionError(f"{what} must be a non-empty string, not {value!r}")
@@ -140,13 +136,14 @@ class Session:
         _require_name("an event type", event_type)
         seq = len(self._log)
         if (
-            event_type in _PLAIN_TYPES
-            and surface_op is None
+            surface_op is None
             and source_event_seqs is None
             and ignorable is False
-        ):
+            and (event_type in KNOWN_EVENT_TYPES)
+        ):  # the fast path: no envelope field to check
             copy, encoded = encode_data(event_type, data)
-            event = SessionEvent(event_type, seq, self._clock(), copy, encoded)
+            surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
+            event = SessionEvent(event_type, seq, self._clock(), copy, encoded, surface)
         else:
             sources = None if source_event_seqs is None else tuple(source_event_seqs)
             if event_type in SURFACE_EVENT_TYPES and surface_op is None:
