@@ -835,21 +835,26 @@ def _decode_lines(
         return None
     events: list[SessionEvent] = []
     try:
-        for length, group in groupby(records, len):
+        # Runs of events with the four envelope keys alone are checked a column at a time;
+        # packed rows (four keys too) and events with more keys, one by one.
+        for simple, group in groupby(records, _is_simple):
             batch = list(group)
-            if length == len(_ENVELOPE):
-                simple = _simple_events(batch, seq + len(events), earlier)
-                if simple is None:
+            if simple:
+                found = _simple_events(batch, seq + len(events), earlier)
+                if found is None:
                     return None
-                events += simple
+                events += found
             else:
                 for record in batch:
-                    if not isinstance(record, dict):
-                        return None
                     events += _record_events(record, seq + len(events), earlier)
-    except (TypeError, RecordError):  # a value without a length, or a record not expected
+    except (AttributeError, TypeError, RecordError):  # not objects, or not the records expected
         return None
     return events
+
+
+def _is_simple(record: JSONObject) -> bool:
+    """Whether *record* has four keys and is no packed row (the fast path checks the rest)."""
+    return len(record) == len(_ENVELOPE) and record.get("type") not in _ROW_TAGS
 
 
 @contextmanager
