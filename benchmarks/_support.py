@@ -18,8 +18,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
+    from kai_session_checkpoint_policy.persistence import Compression
+
 __all__ = [
     "CHUNK_DATA",
+    "DEFAULT_FORMAT",
+    "FORMATS",
     "Baseline",
     "Summary",
     "TimedFiles",
@@ -28,8 +32,21 @@ __all__ = [
     "summarize",
 ]
 
-CHUNK_DATA: Final = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "x" * 32}}
+CHUNK_DATA: Final = {
+    "turn": 1,
+    "step": 1,
+    "chunk": {"type": "text-delta", "index": 0, "text": "x" * 32},
+}
 """The data of the stream event the scenarios append: a line of about 150 bytes on disk."""
+
+FORMATS: Final[dict[str, tuple[Compression, bool]]] = {
+    "plain": ("none", False),
+    "plain packed": ("none", True),
+    "zstd": ("zstd", True),
+}
+"""The formats of a log measured side by side: (compression, packing of chunk runs)."""
+DEFAULT_FORMAT: Final = "zstd"
+"""The backend's default, whose figures the targets judge."""
 
 _RAW_LINE: Final = b"{" + b"x" * 148 + b"\n"
 """What the raw baseline writes: one 150-byte line."""
@@ -108,11 +125,14 @@ class TimedFiles(OsFiles):
     def __init__(self) -> None:
         super().__init__()
         self.io_ns = 0
+        self.written = 0
+        """Bytes written, to logs and the files published beside them."""
 
     def write(self, fd: int, data: bytes) -> None:
         start = time.perf_counter_ns()
         try:
             super().write(fd, data)
+            self.written += len(data)
         finally:
             self.io_ns += time.perf_counter_ns() - start
 

@@ -26,20 +26,25 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import anyio
 
 from kai_session_checkpoint_policy import TextBlock, ToolResult
-from kai_session_checkpoint_policy.events import encode_data, tool_result_data
+from kai_session_checkpoint_policy.eventdata import tool_result
+from kai_session_checkpoint_policy.events import encode_data
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, encode_session_id
 from kai_session_checkpoint_policy.persistence.format import (
-    LOG_NAME,
+    NO_CWD,
     SessionHeader,
+    compress_frame,
+    encode_events,
     encode_header,
+    log_name,
+    scan_log,
 )
 
-from ._support import summarize
+from ._support import DEFAULT_FORMAT, FORMATS, summarize
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -78,7 +83,7 @@ def _turn(turn: int, chunks: int, *, closed: bool) -> Iterator[tuple[str, JSONOb
             yield "step/start", {"turn": turn, "step": 2}
         for index in range(chunks if closed or step == 1 else 0):
             text = f"chunk {index:04d} of a streamed answer"
-            chunk: JSONObject = {"type": "text-delta", "text": text}
+            chunk: JSONObject = {"type": "text-delta", "index": 0, "text": text}
             yield "assistant/chunk", {"turn": turn, "step": step, "chunk": chunk}
         content: list[JSONObject] = [{"type": "text", "text": "(streamed text)"}]
         if step == 1:
@@ -106,7 +111,7 @@ def _turn(turn: int, chunks: int, *, closed: bool) -> Iterator[tuple[str, JSONOb
             if not closed:
                 return
             answer = ToolResult((TextBlock('{"answer": 42}'),))
-            yield "tool/result", tool_result_data(turn, 1, call_id, answer)
+            yield "tool/result", cast("JSONObject", tool_result(turn, 1, call_id, answer))
         yield "step/end", {"turn": turn, "step": step}
     yield "turn/end", {"turn": turn, "reason": {"kind": "completed"}}
 
@@ -187,13 +192,37 @@ def _measure(root: str, session_id: str, backend: str, trace: bool) -> dict[str,
 # -- the parent ---------------------------------------------------------------------------------
 
 
-def _fresh_copy(pristine: Path, root: Path) -> None:
-    directory = root / encode_session_id(SESSION_ID)
+BATCH: Final = 100
+"""Events per batch of a converted log: about what a 200 ms window holds while streaming."""
+
+
+def convert(pristine: Path, log_format: str) -> Path:
+    """The log of *pristine* (plain lines) written again in *log_format*, with its torn tail.
+
+    Batches of :data:`BATCH` events, each one frame if compressed (the torn tail is then a
+    frame cut short).
+    """
+    compression, pack = FORMATS[log_format]
+    target = pristine.with_name(f"{pristine.name}.{compression}.{'packed' if pack else 'lines'}")
+    scan = scan_log(pristine.read_bytes(), pristine)
+    with target.open("wb") as log:
+        header = encode_header(scan.header)
+        log.write(compress_frame(header) if compression == "zstd" else header)
+        for start in range(0, len(scan.events), BATCH):
+            batch = scan.events[start : start + BATCH]
+            log.write(encode_events(batch, pack=pack, compression=compression))
+        log.write(compress_frame(scan.torn)[:-3] if compression == "zstd" else scan.torn)
+    return target
+
+
+def _fresh_copy(pristine: Path, root: Path, log_format: str) -> None:
+    directory = root / NO_CWD / encode_session_id(SESSION_ID)
     if root.exists():
         shutil.rmtree(root)
     directory.mkdir(mode=0o700, parents=True)
-    shutil.copyfile(pristine, directory / LOG_NAME)
-    os.chmod(directory / LOG_NAME, 0o600)
+    name = log_name(FORMATS[log_format][0])
+    shutil.copyfile(pristine, directory / name)
+    os.chmod(directory / name, 0o600)
 
 
 def _child(*arguments: str) -> dict[str, object]:
@@ -244,48 +273,82 @@ def decode_floor(path: Path) -> float:
     return seconds
 
 
+def _loads(log: Path, root: Path, log_format: str, runs: int, backend: str) -> dict[str, object]:
+    """Load a fresh copy of *log* *runs* times on *backend*; the figures of those loads."""
+    loads = []
+    for _ in range(runs):
+        _fresh_copy(log, root, log_format)
+        loads.append(_child("measure", str(root), SESSION_ID, "-b", backend))
+    first = loads[0]
+    return {
+        "runs": runs,
+        "load_seconds": summarize([_float(run["seconds"]) for run in loads], scale=1).to_json(),
+        "maxrss_mib": summarize(
+            [_int(run["maxrss_bytes"]) for run in loads], scale=2**-20
+        ).to_json(),
+        "peak_rss_mib": summarize(
+            [_int(run["hwm_bytes"] or run["maxrss_bytes"]) for run in loads], scale=2**-20
+        ).to_json(),
+        "peak_rss_before_load_mib": round(
+            _int(first["hwm_before_bytes"] or first["maxrss_bytes"]) / 2**20, 1
+        ),
+        "loaded_events": first["events"],
+        "repair_events": first["repair_events"],
+        "torn_bytes": first["torn_bytes"],
+    }
+
+
 def recovery(directory: Path, events: int, runs: int, backends: Sequence[str]) -> dict[str, object]:
-    """Generate a log of *events* events, then load it *runs* times per backend (fresh copies)."""
+    """Generate a log of *events* events, then load it *runs* times per backend (fresh copies).
+
+    The log is loaded in each of :data:`~._support.FORMATS`, on the first backend; in the
+    default format, on every backend.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     pristine = directory / "pristine.jsonl"
     start = time.perf_counter()
-    size = generate_log(pristine, events)
+    generate_log(pristine, events)
+    logs = {log_format: convert(pristine, log_format) for log_format in FORMATS}
+    default = logs[DEFAULT_FORMAT]
     figures: dict[str, object] = {
         "events": events,
-        "file_bytes": size,
+        "format": DEFAULT_FORMAT,
+        "file_bytes": default.stat().st_size,
         "generate_seconds": round(time.perf_counter() - start, 3),
         "decode_floor_seconds": round(_float(_child("floor", str(pristine))["seconds"]), 3),
     }
+    root = directory / "root"
     for index, backend in enumerate(backends):
-        loads = []
-        for _ in range(runs):
-            _fresh_copy(pristine, directory / "root")
-            loads.append(_child("measure", str(directory / "root"), SESSION_ID, "-b", backend))
+        figures[backend] = _loads(default, root, DEFAULT_FORMAT, runs, backend)
         if index == 0:  # memory does not depend on the event loop; tracing is slow
-            _fresh_copy(pristine, directory / "root")
-            traced = _child("measure", str(directory / "root"), SESSION_ID, "-b", backend, "-t")
+            _fresh_copy(default, root, DEFAULT_FORMAT)
+            traced = _child("measure", str(root), SESSION_ID, "-b", backend, "-t")
             figures["tracemalloc_peak_mib"] = round(_int(traced["traced_peak_bytes"]) / 2**20, 1)
             figures["tracemalloc_backend"] = backend
-        first = loads[0]
-        figures[backend] = {
-            "runs": runs,
-            "load_seconds": summarize([_float(run["seconds"]) for run in loads], scale=1).to_json(),
-            "maxrss_mib": summarize(
-                [_int(run["maxrss_bytes"]) for run in loads], scale=2**-20
-            ).to_json(),
-            "peak_rss_mib": summarize(
-                [_int(run["hwm_bytes"] or run["maxrss_bytes"]) for run in loads], scale=2**-20
-            ).to_json(),
-            "peak_rss_before_load_mib": round(
-                _int(first["hwm_before_bytes"] or first["maxrss_bytes"]) / 2**20, 1
-            ),
-            "loaded_events": first["events"],
-            "repair_events": first["repair_events"],
-            "torn_bytes": first["torn_bytes"],
+    formats: dict[str, object] = {}
+    for log_format, log in logs.items():
+        loaded = (
+            figures[backends[0]]
+            if log_format == DEFAULT_FORMAT
+            else _loads(log, root, log_format, runs, backends[0])
+        )
+        size = log.stat().st_size
+        formats[log_format] = {
+            "backend": backends[0],
+            "file_bytes": size,
+            "bytes_per_event": round(size / events, 1),
+            "load_seconds": _get_summary(loaded, "load_seconds"),
+            "peak_rss_mib": _get_summary(loaded, "peak_rss_mib"),
         }
-    shutil.rmtree(directory / "root", ignore_errors=True)
+        log.unlink()
+    figures["formats"] = formats
+    shutil.rmtree(root, ignore_errors=True)
     pristine.unlink()
     return figures
+
+
+def _get_summary(figures: object, key: str) -> object:
+    return figures.get(key) if isinstance(figures, dict) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

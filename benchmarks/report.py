@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from ._support import DEFAULT_FORMAT, FORMATS
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -207,6 +209,37 @@ def _format(rows: list[list[str]], header: list[str], left: int = 2) -> str:
     return "\n".join(lines)
 
 
+def _format_rows(results: Results) -> list[list[str]]:
+    """The figures that depend on the log's format, one column per format (first loop)."""
+    names = list(FORMATS)
+    rows: list[list[str]] = []
+    for backend, figures in _items(results.get("backends")):
+        formats = _get(figures, "formats")
+        for size in ("P=1", "P=10", "P=100"):
+            cells = [_get(formats, name, "flush", size, "latency_us", "median") for name in names]
+            rows.append(
+                [backend, f"flush after {size} (median us)"] + [_fmt(c, ".0f") for c in cells]
+            )
+        for label, path, spec in (
+            ("stream: append (median us)", ("append_us", "median"), ".2f"),
+            ("stream: then one flush (median us)", ("final_flush", "latency_us", "median"), ".0f"),
+            ("stream: bytes per event", ("bytes_per_event",), ".1f"),
+        ):
+            cells = [_get(formats, name, "stream", *path) for name in names]
+            rows.append([backend, label] + [_fmt(c, spec) for c in cells])
+    recovery = _get(results, "recovery", "formats")
+    if isinstance(recovery, dict):
+        backend = str(_get(recovery, DEFAULT_FORMAT, "backend"))
+        for label, path, spec in (
+            ("recovery: load (median s)", ("load_seconds", "median"), ".2f"),
+            ("recovery: peak RSS (median MiB)", ("peak_rss_mib", "median"), ".0f"),
+            ("recovery: bytes per event", ("bytes_per_event",), ".1f"),
+        ):
+            cells = [_get(recovery, name, *path) for name in names]
+            rows.append([backend, label] + [_fmt(c, spec) for c in cells])
+    return rows
+
+
 def table(results: Results) -> str:
     """The figures as a plain-text table, then the targets."""
     out: list[str] = []
@@ -239,12 +272,22 @@ def table(results: Results) -> str:
         ]
         header = ["loop", "figure", "median", "p90", "p99", "us", "io us", "writes", "fsyncs"]
         out.append(_format(rows, header))
+    formats = _format_rows(results)
+    if formats:
+        out += [
+            "",
+            f"the log's formats side by side (the targets judge {DEFAULT_FORMAT}, the default); "
+            "plain packed: runs of three or more deltas of a block in one row",
+            "",
+            _format(formats, ["loop", "figure", *FORMATS]),
+        ]
     recovery = results.get("recovery")
     if isinstance(recovery, dict):
         size = _fmt(recovery["file_bytes"], ",.0f")
         out += [
             "",
-            f"recovery of {recovery['events']:,} events ({size} bytes), one fresh process per "
+            f"recovery of {recovery['events']:,} events ({size} bytes, "
+            f"{recovery.get('format', DEFAULT_FORMAT)}), one fresh process per "
             f"load; tracemalloc peak {recovery.get('tracemalloc_peak_mib')} MiB; decoding all "
             f"events in one json.loads call alone: "
             f"{_fmt(recovery.get('decode_floor_seconds'), '.2f')} s",

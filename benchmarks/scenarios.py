@@ -30,7 +30,7 @@ from kai_session_checkpoint_policy import (
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder
 
-from ._support import CHUNK_DATA, Baseline, Summary, TimedFiles, summarize
+from ._support import CHUNK_DATA, DEFAULT_FORMAT, FORMATS, Baseline, Summary, TimedFiles, summarize
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -91,11 +91,12 @@ def _cell(
 
 @asynccontextmanager
 async def _jsonl_host(
-    root: Path,
+    root: Path, log_format: str = DEFAULT_FORMAT
 ) -> AsyncIterator[tuple[Host, JsonlSessionPersistence, TimedFiles]]:
-    """A host with only the JSONL backend (default settings, timed files), no entry points."""
+    """A host with only the JSONL backend (default settings but the format, timed files)."""
     files = TimedFiles()
-    backend = JsonlSessionPersistence(root, files=files)
+    compression, pack = FORMATS[log_format]
+    backend = JsonlSessionPersistence(root, compression=compression, pack_chunks=pack, files=files)
     async with Host([backend], autoload=False) as host:
         yield host, backend, files
 
@@ -121,10 +122,12 @@ def _delta(after: JsonlStatistics, before: JsonlStatistics) -> tuple[int, int]:
 # -- 1. flush latency after P appends ---------------------------------------------------------
 
 
-async def flush_latency(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object]:
+async def flush_latency(
+    root: Path, baseline: Baseline, plan: Plan, log_format: str = DEFAULT_FORMAT
+) -> dict[str, object]:
     """Append P events, then time ``host.sessions.flush``: one write and one fsync each."""
     figures: dict[str, object] = {}
-    async with _jsonl_host(root) as (host, backend, files):
+    async with _jsonl_host(root, log_format) as (host, backend, files):
         session = await _steady_session(host, "flush")
         for size in plan.batch_sizes:
             for _ in range(plan.per_round):  # warm up: not recorded
@@ -262,21 +265,25 @@ async def checkpoints(root: Path, baseline: Baseline, plan: Plan) -> dict[str, o
 # -- 3. a stream of small events, then one flush --------------------------------------------
 
 
-async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object]:
+async def stream(
+    root: Path, baseline: Baseline, plan: Plan, log_format: str = DEFAULT_FORMAT
+) -> dict[str, object]:
     """Append many small stream events without flushing, then flush once.
 
     Each append is followed by one scheduler checkpoint, as reading the next chunk from the
     network would be, so the backend's background window can write batches meanwhile. The
     append cost is timed around ``Session.append`` alone: the ``session_event`` hook and the
-    backend's enqueue included.
+    backend's enqueue included. The log's size per event is taken at the end of each run.
     """
     appends: list[int] = []
     totals: list[int] = []
     flushes: list[int] = []
     raw: list[int] = []
     counts = {"writes": 0, "fsyncs": 0, "background_batches": 0, "batches": 0}
-    async with _jsonl_host(root) as (host, backend, _):
+    sizes: list[float] = []
+    async with _jsonl_host(root, log_format) as (host, backend, files):
         for run in range(plan.stream_runs):
+            written = files.written
             session = await _steady_session(host, f"stream-{run}")
             raw += baseline.sample(plan.per_round)
             before = backend.statistics()
@@ -299,6 +306,7 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
             # Batches count when done, so a write still in flight is not yet "background".
             counts["background_batches"] += middle.batches - before.batches
             counts["batches"] += after.batches - before.batches
+            sizes.append((files.written - written) / len(session.events))  # the whole log
     runs = plan.stream_runs
     return {
         "events": plan.stream_events,
@@ -306,6 +314,7 @@ async def stream(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object
         "append_us": summarize(appends).to_json(),
         "total_ms": summarize(totals, scale=1e-6).to_json(),
         "final_flush": _cell(flushes, raw),
+        "bytes_per_event": round(sum(sizes) / len(sizes), 1),
         **{f"{name}_per_run": count / runs for name, count in counts.items()},
     }
 
@@ -401,12 +410,22 @@ async def run_all(root: Path, plan: Plan, scenarios: Sequence[str]) -> dict[str,
     try:
         baseline.sample(plan.per_round)  # warm the file and the disk queue
         baseline.samples.clear()
+        formats: dict[str, dict[str, object]] = {name: {} for name in FORMATS}
         if "flush" in scenarios:
-            results["flush"] = await flush_latency(root / "flush", baseline, plan)
+            for number, name in enumerate(FORMATS):
+                flush = await flush_latency(root / f"flush-{number}", baseline, plan, name)
+                formats[name]["flush"] = flush
+            results["flush"] = formats[DEFAULT_FORMAT]["flush"]
         if "checkpoints" in scenarios:
             results["checkpoints"] = await checkpoints(root / "checkpoints", baseline, plan)
         if "stream" in scenarios:
-            results["stream"] = await stream(root / "stream", baseline, plan)
+            for number, name in enumerate(FORMATS):
+                formats[name]["stream"] = await stream(
+                    root / f"stream-{number}", baseline, plan, name
+                )
+            results["stream"] = formats[DEFAULT_FORMAT]["stream"]
+        if "flush" in scenarios or "stream" in scenarios:
+            results["formats"] = formats
         if "policy" in scenarios:
             results["policy"] = await policy_overhead(baseline, plan)
         summary: Summary = summarize(baseline.samples)

@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         StreamThunk,
         ToolThunk,
     )
-    from kai_session_checkpoint_policy.persistence import OsFiles
+    from kai_session_checkpoint_policy.persistence import Compression, OsFiles
 
 __all__ = [
     "BOUNDARY",
@@ -112,7 +112,7 @@ class Flush:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """*count* events appended directly (type ``note``), outside any turn."""
+    """*count* events appended directly (type ``note``, ignorable), outside any turn."""
 
     count: int
 
@@ -133,6 +133,8 @@ class Workload:
 
     sessions: tuple[SessionPlan, ...]
     batch_window: float = 3600.0
+    compression: Compression = "zstd"
+    pack_chunks: bool = True
 
 
 CRASH_TURN: Final[Turn] = (
@@ -220,9 +222,17 @@ class ObservedJsonl(JsonlSessionPersistence):
         recorder: Recorder,
         *,
         batch_window: float,
+        compression: Compression,
+        pack_chunks: bool,
         files: OsFiles | None = None,
     ) -> None:
-        super().__init__(root, batch_window=batch_window, files=files)
+        super().__init__(
+            root,
+            batch_window=batch_window,
+            compression=compression,
+            pack_chunks=pack_chunks,
+            files=files,
+        )
         self.recorder = recorder
 
     @hookimpl
@@ -391,7 +401,7 @@ async def run_plan(host: Host, model: ScriptedModel, plan: SessionPlan, recorder
                     group.start_soon(flush)
         elif isinstance(action, Append):
             for _ in range(action.count):
-                session.append("note", {"note": notes})
+                session.append("note", {"note": notes}, ignorable=True)
                 notes += 1
             await anyio.lowlevel.checkpoint()
         else:
@@ -408,7 +418,14 @@ async def run_workload(
     clock: Callable[[], int] | None = None,
 ) -> BaseException | None:
     """Run *workload* on a fresh host; return the error closing the host raised, if any."""
-    backend = ObservedJsonl(root, recorder, batch_window=workload.batch_window, files=files)
+    backend = ObservedJsonl(
+        root,
+        recorder,
+        batch_window=workload.batch_window,
+        compression=workload.compression,
+        pack_chunks=workload.pack_chunks,
+        files=files,
+    )
     plugins = [backend, policy, Labels(), Appended(recorder)]
     host = (
         Host(plugins, autoload=False)
@@ -466,11 +483,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="the JSONL root")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--window", type=float, default=3600.0, help="batch window, seconds")
+    parser.add_argument("--compression", choices=("zstd", "none"), default="zstd")
     parser.add_argument("--point", help="the point to stop at")
     parser.add_argument("--marker", type=Path, help="the file that receives the point's name")
     args = parser.parse_args(argv)
     recorder = TraceRecorder(args.trace, args.point, args.marker)
-    workload = Workload((SessionPlan(CRASH_SESSION, (CRASH_TURN, Flush())),), args.window)
+    workload = Workload(
+        (SessionPlan(CRASH_SESSION, (CRASH_TURN, Flush())),), args.window, args.compression
+    )
     error = anyio.run(run_workload, workload, args.root, recorder, backend=args.backend)
     if error is not None:
         raise error

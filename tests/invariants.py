@@ -11,7 +11,14 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kai_session_checkpoint_policy import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, SessionEvent
+from kai_session_checkpoint_policy import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+    SessionEvent,
+    eventdata,
+    persistence,
+)
+from kai_session_checkpoint_policy.persistence.format import scan_log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -44,31 +51,20 @@ class Expected:
 
 def decode_event(line: str) -> SessionEvent:
     """Decode one encoded event line (as :meth:`SessionEvent.encode` writes it)."""
-    record = json.loads(line)
-    return SessionEvent(record["type"], record["seq"], record["time"], record["data"])
+    return persistence.decode_event(line, json.loads(line)["seq"])
 
 
 def _calls(event: SessionEvent) -> list[str]:
-    message = event.data.get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    return [
-        str(block["id"])
-        for block in (content if isinstance(content, list) else [])
-        if isinstance(block, dict) and block.get("type") == "tool-call"
-    ]
+    return eventdata.tool_call_ids(event.data)
 
 
 def _answered(event: SessionEvent) -> str:
-    message = event.data["message"]
-    assert isinstance(message, dict)
-    source = message["source"]
-    assert isinstance(source, dict)
-    return str(source["callId"])
+    return str(eventdata.result_call_id(event.data))
 
 
 def _code(event: SessionEvent) -> object:
-    error = event.data.get("error")
-    return error.get("code") if isinstance(error, dict) else None
+    error = eventdata.error_of(event.data)
+    return None if error is None else error["code"]
 
 
 def transcript_problems(events: Iterable[SessionEvent]) -> list[str]:
@@ -202,18 +198,26 @@ def refusal_problems(
     Without checksums, damage followed by a complete record (sectors of an unacknowledged batch
     persisted out of order) cannot be told from damage inside the log, and is refused rather
     than cut. That is acceptable only if no acknowledged event is lost or misreported: the
-    named line comes after every acknowledged event, every line before it is exactly the event
-    written there, and the log (*stored* before the load, *left* after) is left as it was.
+    refusal names the first event it could not read, which comes after every acknowledged
+    event, every event before it is exactly the event written there, and the log (*stored*
+    before the load, *left* after) is left as it was.
     """
     problems: list[str] = []
-    if refused.line - 2 < expected.acknowledged:
+    if refused.seq is None:
+        return [f"the refusal does not name the first event it could not read: {refused}"]
+    if refused.seq < expected.acknowledged:
         problems.append(
-            f"refused at seq {refused.line - 2}, but {expected.acknowledged} events were "
+            f"refused at seq {refused.seq}, but {expected.acknowledged} events were "
             f"acknowledged: {refused}"
         )
-    lines = stored.split(b"\n")[1 : refused.line - 1]
-    if [decode_event(line.decode()) for line in lines] != list(expected.written[: len(lines)]):
-        problems.append(f"the lines before the refused one are not the events written: {refused}")
+    if refused.byte is not None:  # a damaged frame: the whole frames before it
+        prefix = stored[: refused.byte]
+    else:  # a damaged line: the lines before it
+        assert refused.line is not None
+        prefix = b"".join(line + b"\n" for line in stored.split(b"\n")[: refused.line - 1])
+    intact = scan_log(prefix, refused.path).events
+    if len(intact) != refused.seq or list(intact) != list(expected.written[: len(intact)]):
+        problems.append(f"the events before the refused one are not the events written: {refused}")
     if left != stored:
         problems.append(f"the refusal changed the log: {refused}")
     return problems

@@ -4,26 +4,38 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from kai_session_checkpoint_policy import TextBlock, ToolResult
+from kai_session_checkpoint_policy import TextBlock, ToolResult, eventdata
 from kai_session_checkpoint_policy.events import (
     JSON,
+    SURFACE_EVENT_TYPES,
     JSONObject,
     SessionEvent,
+    SurfaceOp,
     encode_data,
-    tool_result_data,
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
 from kai_session_checkpoint_policy.persistence.format import (
     LOCK_NAME,
     LOG_NAME,
+    NO_CWD,
+    ZSTD_LOG_NAME,
+    Compression,
     SessionHeader,
+    compress_frame,
     encode_header,
     encode_session_id,
+    scan_log,
 )
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -32,8 +44,10 @@ T0 = 1_700_000_000_000
 
 
 def event(event_type: str, seq: int, data: JSONObject, time: int = T0) -> SessionEvent:
+    """An event as the reference host appends it: a surface event has ``surfaceOp`` append."""
     copy, encoded = encode_data(event_type, data)
-    return SessionEvent(event_type, seq, time + seq, copy, encoded)
+    surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
+    return SessionEvent(event_type, seq, time + seq, copy, encoded, surface)
 
 
 def events(*records: tuple[str, JSONObject]) -> list[SessionEvent]:
@@ -67,7 +81,8 @@ def tool_call(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
 
 def tool_result(turn: int, step: int, call_id: str) -> tuple[str, JSONObject]:
     """A ``tool/result`` event as the host records it, answering *call_id* with ``ok``."""
-    return "tool/result", tool_result_data(turn, step, call_id, ToolResult((TextBlock("ok"),)))
+    data = eventdata.tool_result(turn, step, call_id, ToolResult((TextBlock("ok"),)))
+    return "tool/result", cast("JSONObject", data)
 
 
 COMPLETE_TURN: list[tuple[str, JSONObject]] = [
@@ -85,17 +100,51 @@ def log_bytes(session_id: str, logged: Iterable[SessionEvent]) -> bytes:
     return encode_header(SessionHeader(session_id, T0)) + body
 
 
-def write_log(root: Path, session_id: str, data: bytes) -> Path:
-    """Write a log file by hand, as a crashed writer would have left it."""
-    directory = root / encode_session_id(session_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOG_NAME
-    path.write_bytes(data)
+def log_path(root: Path, session_id: str, compression: Compression = "none") -> Path:
+    """Where the log of *session_id* (without a working directory) is under *root*."""
+    name = ZSTD_LOG_NAME if compression == "zstd" else LOG_NAME
+    return root / NO_CWD / encode_session_id(session_id) / name
+
+
+def find_log(root: Path, session_id: str) -> Path:
+    """The log of *session_id* under *root* (without a working directory), whichever it is."""
+    plain = log_path(root, session_id)
+    return plain if plain.exists() else log_path(root, session_id, "zstd")
+
+
+def compressed(data: bytes) -> bytes:
+    """A plain log as a compressed one: its header line as a frame, its events as another."""
+    end = data.index(b"\n") + 1
+    return compress_frame(data[:end]) + (compress_frame(data[end:]) if data[end:] else b"")
+
+
+def write_log(
+    root: Path, session_id: str, data: bytes, *, compression: Compression = "none"
+) -> Path:
+    """Write a plain log file by hand (compressed, with *compression*), as a crashed writer
+    would have left it."""
+    path = log_path(root, session_id, compression)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(compressed(data) if compression == "zstd" else data)
     return path
 
 
+def text_of(path: Path) -> bytes:
+    """The text of a log file: its bytes, decompressed if it is compressed."""
+    data = path.read_bytes()
+    if path.name.endswith(".zstd"):
+        return zstd.decompress(data)
+    return data
+
+
 def lines(path: Path) -> list[JSONObject]:
-    return [json.loads(line) for line in path.read_bytes().splitlines()]
+    """The records of a log file, the header first (packed rows as rows)."""
+    return [json.loads(line) for line in text_of(path).splitlines()]
+
+
+def stored_events(path: Path) -> tuple[SessionEvent, ...]:
+    """The events a log file holds, as the backend reads them."""
+    return scan_log(path.read_bytes(), path).events
 
 
 class GatedFiles(OsFiles):

@@ -63,10 +63,8 @@ from kai_session_checkpoint_policy.persistence import (
     OsFiles,
     SessionNotFoundError,
     StoredLog,
-    encode_session_id,
 )
 from kai_session_checkpoint_policy.persistence.files import TEMPORARY_NAME
-from kai_session_checkpoint_policy.persistence.format import LOG_NAME
 
 from .crash_child import MemoryRecorder, Workload, run_workload
 from .invariants import Expected, check_recovery, refusal_problems
@@ -503,6 +501,21 @@ class SimFiles(OsFiles):
         end = data.find(b"\n")
         return data if end < 0 else data[: end + 1]
 
+    def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
+        return self.read(path)[:limit]
+
+    def rename(self, source: Path, target: Path) -> None:
+        with self._lock:
+            old, new = self._rel(source), self._rel(target)
+            self.trace.append(("rename", new))
+            if new in self._names:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+            node = self._file(old)
+            self._entry(new, node)
+            self._entry(old, None)
+            self._changed()
+        self.fsync_dir(target.parent)
+
     # -- appending -----------------------------------------------------------------------------
 
     def open_append(self, path: Path) -> int:
@@ -874,7 +887,7 @@ class Explorer:
             self.checks += 1
             where = f"{how}, session {session_id}"
             if isinstance(recovered, CorruptLogError):
-                log = f"{STORE}/{encode_session_id(session_id)}/{LOG_NAME}"
+                log = recovered.path.relative_to(self.base).as_posix()
                 stored, left = image[log], after.get(log)
                 assert stored is not None  # a refusal names a log it read
                 found = refusal_problems(recovered, stored, left, expected[session_id])

@@ -13,23 +13,26 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from kai_session_checkpoint_policy import cli
+from kai_session_checkpoint_policy import SessionEvent, cli
 from kai_session_checkpoint_policy.demo import write_marker
-from kai_session_checkpoint_policy.persistence import OsFiles
+from kai_session_checkpoint_policy.persistence import Compression, JsonlSessionPersistence, OsFiles
 
 _main_task: list[asyncio.Task[object]] = []
 _slow_next = threading.Event()
 
 
 def _patch(marker: Path) -> None:
-    write, fsync, agent = OsFiles.write, OsFiles.fsync, cli._agent
+    encode, fsync, agent = JsonlSessionPersistence._encode, OsFiles.fsync, cli._agent
 
-    def patched_write(self: OsFiles, fd: int, data: bytes) -> None:
-        if b'"tool/call"' in data:
-            _slow_next.set()
-        write(self, fd, data)
+    def patched_encode(
+        self: JsonlSessionPersistence, events: Sequence[SessionEvent], compression: Compression
+    ) -> bytes:
+        if any(event.type == "tool/call" for event in events):
+            _slow_next.set()  # the fsync of this batch is the slow one
+        return encode(self, events, compression)
 
     def patched_fsync(self: OsFiles, fd: int) -> None:
         if _slow_next.is_set():
@@ -46,7 +49,7 @@ def _patch(marker: Path) -> None:
         _main_task.append(task)
         return await agent(args)  # type: ignore[arg-type]
 
-    OsFiles.write = patched_write  # type: ignore[method-assign]
+    JsonlSessionPersistence._encode = patched_encode  # type: ignore[method-assign]
     OsFiles.fsync = patched_fsync  # type: ignore[method-assign]
     cli._agent = patched_agent
 

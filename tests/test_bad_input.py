@@ -54,6 +54,7 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.persistence.format import (
     MAX_TIME,
+    NO_CWD,
     SessionHeader,
     encode_header,
     scan_log,
@@ -72,7 +73,15 @@ from .crash_child import (
     run_workload,
 )
 from .markers import reap, wait_for_marker
-from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
+from .persistence_helpers import (
+    COMPLETE_TURN,
+    events,
+    find_log,
+    log_bytes,
+    log_path,
+    tree,
+    write_log,
+)
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
@@ -84,16 +93,23 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 LOG: Final = "session.jsonl"
+ZLOG: Final = "session.jsonl.zstd"
 LOCK: Final = "session.lock"
 SECOND_TURN: Final = (Step(("Once more.",), (("write-2", "write"),)), Step(("Done.",)))
 
 
-def stored(root: Path, session_id: str = "s") -> tuple[Path, list[SessionEvent]]:
-    """A log of two complete turns written through the host; its path and its events."""
+def stored(
+    root: Path, session_id: str = "s", *, plain: bool = False
+) -> tuple[Path, list[SessionEvent]]:
+    """A log of two complete turns written through the host; its path and its events.
+
+    *plain*: as plain lines, one event per line (neither compressed nor packed).
+    """
     recorder = MemoryRecorder()
-    workload = Workload((SessionPlan(session_id, (CRASH_TURN, SECOND_TURN, Flush())),))
+    plan = SessionPlan(session_id, (CRASH_TURN, SECOND_TURN, Flush()))
+    workload = Workload((plan,), compression="none" if plain else "zstd", pack_chunks=not plain)
     assert anyio.run(run_workload, workload, root, recorder) is None
-    return root / encode_session_id(session_id) / LOG, recorder.events[session_id]
+    return find_log(root, session_id), recorder.events[session_id]
 
 
 async def resume_turn(root: Path, session_id: str, seed: list[SessionEvent]) -> TurnOutcome:
@@ -139,11 +155,13 @@ def test_any_id_names_one_directory_under_the_root(session_id: str) -> None:
             assert "session id is too long" in str(refused)
             return
         path, written = stored(root, session_id)
-        assert path == root / escaped / LOG
+        assert path == root / NO_CWD / escaped / ZLOG
         assert all(not name.startswith("..") for name in tree(Path(scratch)))
-        assert set(tree(Path(scratch))) <= {"root", f"root/{escaped}"} | {
-            f"root/{escaped}/{name}" for name in (LOG, "session.lock")
-        }
+        assert set(tree(Path(scratch))) <= {
+            "root",
+            f"root/{NO_CWD}",
+            f"root/{NO_CWD}/{escaped}",
+        } | {f"root/{NO_CWD}/{escaped}/{name}" for name in (ZLOG, "session.lock")}
         backend = JsonlSessionPersistence(root)
         assert [header.id for header in anyio.run(backend.list_sessions)] == [session_id]
         assert list(anyio.run(backend.load, session_id).events) == written
@@ -155,12 +173,13 @@ def test_any_id_names_one_directory_under_the_root(session_id: str) -> None:
 def test_ids_that_look_like_paths_stay_inside_the_root(tmp_path: Path, session_id: str) -> None:
     root = tmp_path / "root"
     path, written = stored(root, session_id)
-    assert path.parent.parent == root
+    assert path.parent.parent == root / NO_CWD
     assert set(tree(tmp_path)) == {
         "root",
-        f"root/{path.parent.name}",
-        f"root/{path.parent.name}/{LOG}",
-        f"root/{path.parent.name}/session.lock",
+        f"root/{NO_CWD}",
+        f"root/{NO_CWD}/{path.parent.name}",
+        f"root/{NO_CWD}/{path.parent.name}/{ZLOG}",
+        f"root/{NO_CWD}/{path.parent.name}/session.lock",
     }
     assert list(anyio.run(JsonlSessionPersistence(root).load, session_id).events) == written
 
@@ -204,7 +223,7 @@ def test_an_empty_id_is_refused(tmp_path: Path) -> None:
 def test_data_json_would_change_is_refused_naming_where(data: object, problem: str) -> None:
     session = Session("s")
     with pytest.raises(EventDataError) as refused:
-        session.append("note", data)
+        session.append("note", data, ignorable=True)
     message = str(refused.value)
     assert message.startswith("data of a 'note' event is not losslessly JSON-serializable: ")
     assert problem in message
@@ -215,9 +234,9 @@ def test_data_that_contains_itself_or_is_not_an_object_is_refused() -> None:
     looped: dict[str, object] = {}
     looped["self"] = looped
     with pytest.raises(EventDataError, match=r"data\['self'\] contains itself"):
-        Session("s").append("note", looped)
+        Session("s").append("note", looped, ignorable=True)
     with pytest.raises(EventDataError, match="must be a JSON object, not list"):
-        Session("s").append("note", [1, 2])
+        Session("s").append("note", [1, 2], ignorable=True)
 
 
 @settings(max_examples=60, deadline=None)
@@ -226,7 +245,7 @@ def test_no_lossy_value_is_ever_admitted(value: object) -> None:
     admitted: list[SessionEvent] = []
     session = Session("s", on_append=lambda _, event: admitted.append(event))
     with pytest.raises(EventDataError, match="not losslessly JSON-serializable"):
-        session.append("note", {"value": value})
+        session.append("note", {"value": value}, ignorable=True)
     assert session.seq == 0
     assert admitted == []
 
@@ -240,7 +259,7 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
         async def write_and_load() -> tuple[SessionEvent, ...]:
             async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
                 session = host.sessions.create("s")
-                session.append("note", {"value": value})
+                session.append("note", {"value": value}, ignorable=True)
                 await host.sessions.flush(session)
             return (await JsonlSessionPersistence(root).load("s")).events
 
@@ -262,8 +281,8 @@ def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str
     async def write() -> tuple[SessionEvent, ...]:
         async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
             session = host.sessions.create(session_id)
-            session.append("note", {text: text, "list": [text, {text: [text]}]})
-            session.append(f"type{text}", {})
+            session.append("note", {text: text, "list": [text, {text: [text]}]}, ignorable=True)
+            session.append(f"type{text}", {}, ignorable=True)
             await host.sessions.flush(session)
             return tuple(session.events)
 
@@ -279,7 +298,8 @@ def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str
 
 def test_surrogates_written_raw_by_another_writer_are_read(tmp_path: Path) -> None:
     """A surrogate as the three bytes UTF-8 would give it, as some writers leave them."""
-    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"}}\n'
+    line = b'{"type":"note","seq":0,"time":1,"data":{"\xed\xa0\x80":"a\xed\xb3\xbf"},'
+    line += b'"ignorable":true}\n'
     write_log(tmp_path, "s", encode_header(SessionHeader("s", 1)) + line)
     loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
     assert [event.data for event in loaded.events] == [{"\ud800": "a\udcff"}]
@@ -327,7 +347,7 @@ def test_data_nested_deeper_than_the_bound_is_refused_naming_its_depth(
     session = Session("s", on_append=lambda _, event: admitted.append(event))
     data = nested(depth)
     with pytest.raises(EventDataError) as refused:
-        on_stack(stack, lambda: session.append("note", data))
+        on_stack(stack, lambda: session.append("note", data, ignorable=True))
     nests = "more than 64" if depth == 100_000 else depth  # too deep even to encode
     assert str(refused.value) == (
         f"data of a 'note' event is nested {nests} levels deep (arrays and objects); at most 64 "
@@ -341,7 +361,7 @@ def test_data_at_the_bound_is_appended_and_read_back_on_any_stack(
     tmp_path: Path, stack: str
 ) -> None:
     session = Session("s")
-    event = on_stack(stack, lambda: session.append("note", nested(MAX_JSON_DEPTH)))
+    event = on_stack(stack, lambda: session.append("note", nested(MAX_JSON_DEPTH), ignorable=True))
     path = write_log(tmp_path, "s", log_bytes("s", [event]))
     scan = on_stack(stack, lambda: scan_log(path.read_bytes(), path))
     assert scan.events == (event,)
@@ -401,7 +421,7 @@ SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
 def open_turn_log(root: Path) -> tuple[Path, list[SessionEvent], int]:
     """A log of two turns, the last one still open; its path, events, and the first line of
     the open turn that other events follow."""
-    path, written = stored(root)
+    path, written = stored(root, plain=True)
     data = path.read_bytes()
     path.write_bytes(data[: data.rindex(b"\n", 0, -1) + 1])  # without the last turn/end
     start = max(i for i, event in enumerate(written) if event.type == "turn/start")
@@ -430,7 +450,7 @@ def assert_refused_and_left_alone(
 def test_a_damaged_line_before_a_turn_end_is_named_and_left_alone(
     tmp_path: Path, damage: str
 ) -> None:
-    path, written = stored(tmp_path)
+    path, written = stored(tmp_path, plain=True)
     lines = path.read_bytes().split(b"\n")
     line = 6  # an event of the first turn; both turns end later
     lines[line - 1] = {**DAMAGE, **SHAPES}[damage](lines[line - 1])
@@ -476,22 +496,20 @@ def test_damage_on_the_last_lines_only_is_cut_as_a_torn_tail(tmp_path: Path, dam
     loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
     assert list(loaded.events[: -len(loaded.repair)]) == written[:-2]
     assert loaded.torn_bytes == len(tail)
-    assert path.with_name(f"{LOG}.torn-{committed}").read_bytes() == tail
+    assert path.with_name(f"{path.name}.torn-{committed}").read_bytes() == tail
 
 
 @pytest.mark.parametrize("header", [b"", b'{"format":"kai-ses', b'{"format":"kai-session"'])
 def test_a_truncated_header_is_named(tmp_path: Path, header: bytes) -> None:
-    directory = tmp_path / "s"
-    directory.mkdir()
-    (directory / LOG).write_bytes(header)
+    path = write_log(tmp_path, "s", header)
     with pytest.raises(CorruptLogError, match=r", line 1: the header line is incomplete$"):
         anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
-    assert (directory / LOG).read_bytes() == header
+    assert path.read_bytes() == header
 
 
 def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -> None:
-    path, written = stored(tmp_path)
-    data = path.read_bytes().replace(b'"version":1', b'"version":2', 1)
+    path, written = stored(tmp_path, plain=True)
+    data = path.read_bytes().replace(b'"version":0', b'"version":1', 1)
     path.write_bytes(data)
     before = tree(tmp_path)
     backend = JsonlSessionPersistence(tmp_path)
@@ -500,7 +518,7 @@ def test_a_log_from_a_newer_release_is_unsupported_not_corrupt(tmp_path: Path) -
             anyio.run(read, "s")
         assert not isinstance(refused.value, CorruptLogError)
         message = str(refused.value)
-        assert "version 2, newer than version 1" in message
+        assert "version 1, newer than version 0" in message
         assert "upgrade kai-session-checkpoint-policy" in message
         assert str(path) in message
     outcome = anyio.run(resume_turn, tmp_path, "s", written)
@@ -550,7 +568,7 @@ def test_the_latest_time_a_log_may_hold_is_shown(
 ) -> None:
     write_log(tmp_path, "s", encode_header(SessionHeader("s", MAX_TIME)))
     assert cli.main(["list", str(tmp_path)]) == 0
-    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\n", "")
+    assert capsys.readouterr() == ("s\t9999-12-31T23:59:59Z\t_no-cwd/s/session.jsonl\n", "")
 
 
 # -- a log in another session's place --------------------------------------------------------
@@ -560,7 +578,7 @@ def test_a_log_copied_into_another_sessions_directory_is_refused_untouched(
     tmp_path: Path,
 ) -> None:
     """Recovery would otherwise cut and close a log it does not own, under the wrong id."""
-    source, _ = stored(tmp_path / "source", "a")
+    source, _ = stored(tmp_path / "source", "a", plain=True)
     data = source.read_bytes()
     path = write_log(tmp_path / "root", "b", data[: data.rindex(b"\n", 0, -1) + 1] + b'{"ty')
     before = tree(tmp_path, locks=False)
@@ -580,8 +598,8 @@ def test_a_log_copied_into_another_sessions_directory_is_refused_untouched(
 def test_a_log_that_links_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
     outside, written = stored(tmp_path / "elsewhere")
     root = tmp_path / "root"
-    (root / "s").mkdir(parents=True)
-    (root / "s" / LOG).symlink_to(outside)
+    log_path(root, "s").parent.mkdir(parents=True)
+    log_path(root, "s").symlink_to(outside)
     before = tree(tmp_path, locks=False)
     backend = JsonlSessionPersistence(root)
     for read in (backend.inspect, backend.load):
@@ -596,8 +614,8 @@ def test_a_log_that_links_out_of_the_root_is_never_followed(tmp_path: Path) -> N
 def test_a_session_directory_that_links_out_of_the_root_is_never_followed(tmp_path: Path) -> None:
     outside, written = stored(tmp_path / "elsewhere")
     root = tmp_path / "root"
-    root.mkdir()
-    (root / "s").symlink_to(outside.parent, target_is_directory=True)
+    (root / NO_CWD).mkdir(parents=True)
+    (root / NO_CWD / "s").symlink_to(outside.parent, target_is_directory=True)
     before = tree(tmp_path)
     backend = JsonlSessionPersistence(root)
     for read in (backend.inspect, backend.load):
@@ -747,7 +765,7 @@ def test_regular_files_stay_blocking(tmp_path: Path) -> None:
 
 def fifo_session(root: Path, name: str) -> tuple[Path, list[SessionEvent]]:
     """A stored session whose log, lock, or copy of a torn tail (``torn``) is a FIFO."""
-    path, written = stored(root)
+    path, written = stored(root, plain=True)
     if name == "torn":  # a torn tail, whose copy recovery would keep in the FIFO
         fifo = path.with_name(f"{LOG}.torn-{path.stat().st_size}")
         with path.open("ab") as log:
@@ -787,7 +805,7 @@ def test_a_fifo_in_a_session_is_refused_without_blocking(
 
 def unlocked_session(root: Path, damage: str) -> tuple[Path, type[Exception]]:
     """A session never written here (no lock file), *damage*-d; its log and the refusal."""
-    path, _ = stored(root)
+    path, _ = stored(root, plain=True)
     path.with_name(LOCK).unlink()
     data = path.read_bytes()
     if damage == "no log":
@@ -799,7 +817,7 @@ def unlocked_session(root: Path, damage: str) -> tuple[Path, type[Exception]]:
         path.write_bytes(b"\n".join(lines))
         return path, CorruptLogError
     if damage == "newer":
-        path.write_bytes(data.replace(b'"version":1', b'"version":2', 1))
+        path.write_bytes(data.replace(b'"version":0', b'"version":1', 1))
         return path, UnsupportedFormatError
     path.unlink()
     os.mkfifo(path, 0o600)
@@ -817,7 +835,7 @@ def test_a_refused_recovery_leaves_no_lock_file(tmp_path: Path, damage: str) -> 
 
 
 def test_a_recovery_with_nothing_to_do_leaves_no_lock_file(tmp_path: Path) -> None:
-    path, written = stored(tmp_path)
+    path, written = stored(tmp_path, plain=True)
     path.with_name(LOCK).unlink()
     before = tree(tmp_path)
     recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
@@ -839,7 +857,7 @@ class FinishingFiles(OsFiles):
 
 
 def test_a_recovery_that_repairs_reads_the_log_again_under_the_lock(tmp_path: Path) -> None:
-    path, written = stored(tmp_path)
+    path, written = stored(tmp_path, plain=True)
     path.with_name(LOCK).unlink()
     data = path.read_bytes()
     cut = data.index(b"\n", data.index(b'"step/start"')) + 1  # an open step: needs a repair
@@ -848,7 +866,7 @@ def test_a_recovery_that_repairs_reads_the_log_again_under_the_lock(tmp_path: Pa
     recovered = anyio.run(JsonlSessionPersistence(tmp_path, files=files).load, "s")
     assert (list(recovered.events), recovered.repair) == (written, ())
     assert path.read_bytes() == data
-    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+    assert set(tree(tmp_path)) == {NO_CWD, f"{NO_CWD}/s", f"{NO_CWD}/s/{LOG}", f"{NO_CWD}/s/{LOCK}"}
 
 
 STALE: Final = (f"{LOG}.0123456789ab.tmp", f"{LOG}.torn-100.abcdef012345.tmp")
@@ -857,24 +875,26 @@ NOT_STALE: Final = (f"{LOG}.torn-100", "notes.tmp", f"{LOG}.0123456789AB.tmp", f
 
 
 def test_recovery_removes_the_temporaries_an_interrupted_publish_left(tmp_path: Path) -> None:
-    path, written = stored(tmp_path)
+    path, written = stored(tmp_path, plain=True)
     for name in (*STALE, *NOT_STALE):
         path.with_name(name).write_bytes(b"left over")
     before = tree(tmp_path)
     recovered = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
     assert list(recovered.events) == written
     assert tree(tmp_path) == {
-        name: entry for name, entry in before.items() if name.removeprefix("s/") not in STALE
+        name: entry
+        for name, entry in before.items()
+        if name.removeprefix(f"{NO_CWD}/s/") not in STALE
     }
 
 
 def test_a_writer_removes_the_temporary_of_an_interrupted_creation(tmp_path: Path) -> None:
-    directory = tmp_path / "s"
-    directory.mkdir(mode=0o700)
+    directory = tmp_path / NO_CWD / "s"
+    directory.mkdir(mode=0o700, parents=True)
     (directory / LOCK).write_bytes(b"")  # a writer took the lock, and died while publishing
-    (directory / STALE[0]).write_bytes(b'{"format":"kai-session"')
-    stored(tmp_path)
-    assert set(tree(tmp_path)) == {"s", f"s/{LOG}", f"s/{LOCK}"}
+    (directory / STALE[0]).write_bytes(b'{"type":"session"')
+    stored(tmp_path, plain=True)
+    assert set(tree(tmp_path)) == {NO_CWD, f"{NO_CWD}/s", f"{NO_CWD}/s/{LOG}", f"{NO_CWD}/s/{LOCK}"}
 
 
 # -- listing ---------------------------------------------------------------------------------

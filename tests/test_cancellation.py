@@ -35,7 +35,7 @@ from kai_session_checkpoint_policy import (
 from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
 
 from .markers import MARKER_TIMEOUT, reap, wait_for_marker
-from .persistence_helpers import GatedFiles, lines
+from .persistence_helpers import GatedFiles, find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,7 +49,7 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 def stored_seqs(root: Path, session_id: str) -> list[object]:
-    return [record["seq"] for record in lines(root / session_id / "session.jsonl")[1:]]
+    return [event.seq for event in stored_events(find_log(root, session_id))]
 
 
 def results(session: Session) -> list[tuple[JSON, JSON]]:

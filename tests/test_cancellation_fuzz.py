@@ -17,7 +17,6 @@ started after its turn was asked to stop.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import sys
@@ -50,12 +49,13 @@ from kai_session_checkpoint_policy.persistence import OsFiles
 
 from . import figures
 from .invariants import transcript_problems
+from .persistence_helpers import find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
     from pathlib import Path
 
-    from kai_session_checkpoint_policy import JSON, StreamChunk
+    from kai_session_checkpoint_policy import JSON, JSONObject, StreamChunk
 
 pytestmark = pytest.mark.anyio
 
@@ -201,9 +201,9 @@ def _turn_of(session: Session) -> int:
     return sum(1 for event in session.events if event.type == "turn/start")
 
 
-def stored_records(root: Path, session_id: str) -> list[dict[str, object]]:
-    with open(root / session_id / "session.jsonl", "rb") as log:
-        return [json.loads(line) for line in log.read().splitlines()[1:]]
+def stored_records(root: Path, session_id: str) -> list[JSONObject]:
+    """The stored events of a session, as the JSON objects of their envelopes."""
+    return [event.to_json() for event in stored_events(find_log(root, session_id))]
 
 
 async def run_schedule(seed: int, root: Path, backend_name: str) -> Schedule:
@@ -306,7 +306,7 @@ def check(root: Path, sessions: dict[str, Session], schedule: Schedule) -> list[
         seqs = [record["seq"] for record in records]
         if seqs != list(range(len(seqs))):
             problems.append(f"{session_id}: seqs on disk are {seqs}")
-        expected = [json.loads(event.encode()) for event in session.events]
+        expected = [event.to_json() for event in session.events]
         if records != expected:
             problems.append(f"{session_id}: the log on disk differs from the session in memory")
         if len(records) < schedule.acknowledged.get(session_id, 0):

@@ -17,19 +17,29 @@ import subprocess
 import sys
 import time
 import unicodedata
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
 import pytest
 
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
-from kai_session_checkpoint_policy.events import tool_result_data
+from kai_session_checkpoint_policy.eventdata import tool_result as tool_result_data
 from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+from kai_session_checkpoint_policy.persistence.format import compress_frame, encode_session_id
 
 from .markers import kill_at_marker, reap, start_agent
-from .persistence_helpers import COMPLETE_TURN, events, log_bytes, tree, write_log
+from .persistence_helpers import (
+    COMPLETE_TURN,
+    events,
+    find_log,
+    log_bytes,
+    stored_events,
+    tree,
+    write_log,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -83,7 +93,13 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
     assert (status, err) == (0, "")
     events = json_lines(out)
     assert [event["seq"] for event in events] == list(range(len(events)))
-    assert all(event.keys() == {"type", "seq", "time", "data"} for event in events)
+    # Exactly as stored: the envelope, and the surface fields of the three message types.
+    surface = {"user/message", "assistant/message", "tool/result"}
+    assert all(
+        event.keys() == {"type", "seq", "time", "data"}
+        or (event["type"] in surface and event.keys() - {"sourceEventSeqs"} >= {"surfaceOp"})
+        for event in events
+    )
     calls = [event for event in events if event["type"] == "tool/call"]
     assert [call["data"] for call in calls] == [
         {
@@ -109,6 +125,8 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
     assert [event["type"] for event in events[-3:]] == ["tool/result", "step/end", "turn/end"]
     assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
     assert calls[0]["seq"] < result["seq"]
+    assert message["id"] == f"interrupted-tool-result-{CALL_ID}-{result['seq']}"
+    assert (result["surfaceOp"], result["sourceEventSeqs"]) == ("append", [calls[0]["seq"]])
 
     # The repair is on disk now: a second recovery adds nothing, and reads the same log.
     status, again, err = run_cli(
@@ -186,6 +204,10 @@ def test_agent_runs_a_whole_turn(tmp_path: Path, capsys: pytest.CaptureFixture[s
 # -------------------------------------------------------------------------------------------
 
 
+TORN_FRAME: Final = compress_frame(b'{"type":"tool/result","seq":9,"ti')[:-3]
+"""A batch frame whose write was cut short, in its checksum: nothing whole can be salvaged."""
+
+
 @pytest.fixture(scope="module")
 def crashed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root with one complete session and one killed inside the tool, with a torn tail."""
@@ -194,9 +216,9 @@ def crashed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert cli.main(["agent", "--root", str(root), "--session", "complete"]) == 0
     child, marker = start_agent(tmp_path, "crashed", "tool")
     kill_at_marker(child, marker, MARKERS["tool"])
-    with open(root / "crashed" / "session.jsonl", "ab") as log:
-        log.write(b'{"type":"tool/result","seq":9,"ti')
-    for lock in root.glob("*/session.lock"):
+    with open(find_log(root, "crashed"), "ab") as log:
+        log.write(TORN_FRAME)
+    for lock in root.glob("*/*/session.lock"):
         lock.unlink()  # so that a reader creating a lock file would show in the digest
     return root
 
@@ -234,7 +256,7 @@ def test_inspect_marks_the_repair_it_would_add(
 ) -> None:
     status, out, err = run_cli(capsys, "inspect", crashed_root, "crashed")
     assert (status, err) == (0, "")
-    assert "a torn tail of 33 bytes would be cut off" in out
+    assert f"a torn tail of {len(TORN_FRAME)} bytes would be cut off" in out
     stored, marked, repair = out.partition("recovery would add (not on disk")
     assert marked
     assert "tool/call" in stored
@@ -253,7 +275,7 @@ def test_inspect_marks_the_repair_it_would_add(
     stored_events = [record for record in records if "type" in record]
     pending = [record["repair"] for record in records if "repair" in record]
     assert [event["seq"] for event in stored_events] == list(range(11))
-    assert {"torn": {"bytes": 33, "cut": False}} in records
+    assert {"torn": {"bytes": len(TORN_FRAME), "cut": False}} in records
     assert [event["type"] for event in pending] == [
         "tool/result",
         "step/end",
@@ -264,9 +286,10 @@ def test_inspect_marks_the_repair_it_would_add(
 def test_recover_prints_what_it_added(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "sessions"
     assert cli.main(["agent", "--root", str(root), "--session", "open"]) == 0
-    log = root / "open" / "session.jsonl"
-    lines = log.read_bytes().splitlines(keepends=True)
-    log.write_bytes(b"".join(lines[:3]))  # header, turn/start, step/start: an open step
+    log = find_log(root, "open")
+    opened = stored_events(log)[:2]  # turn/start, step/start: an open step
+    log.unlink()
+    write_log(root, "open", log_bytes("open", opened), compression="zstd")
     capsys.readouterr()
 
     status, out, err = run_cli(capsys, "recover", root, "open")
@@ -508,7 +531,10 @@ def hostile_log(root: Path, session_id: str = HOSTILE_ID) -> list[SessionEvent]:
             ),
             (
                 "tool/result",
-                tool_result_data(1, 1, call_id, ToolResult((TextBlock(piece),), is_error=True)),
+                cast(
+                    "JSONObject",
+                    tool_result_data(1, 1, call_id, ToolResult((TextBlock(piece),), is_error=True)),
+                ),
             ),
             (f"note{piece}", {"note": piece}),
         ]
@@ -517,7 +543,9 @@ def hostile_log(root: Path, session_id: str = HOSTILE_ID) -> list[SessionEvent]:
     }
     records.append(("assistant/message", asked))
     records.append(("tool/call", {"turn": 1, "step": 1, "callId": HOSTILE, "name": "w"}))
-    logged = events(*records)
+    logged = [  # events of other types than the format's, as a reader may skip them
+        replace(event, ignorable=event.type.startswith("note")) for event in events(*records)
+    ]
     write_log(root, session_id, log_bytes(session_id, logged))
     return logged
 
@@ -608,7 +636,11 @@ def test_list_prints_one_line_per_session_whatever_its_id(
     status, out, err = run_cli(capsys, "list", tmp_path)
     assert (status, err) == (0, "")
     lines = check_printable(out, separator="\t")
-    assert lines == [f"{shown[session_id]}\t2023-11-14T22:13:20Z" for session_id in sorted(shown)]
+    assert lines == [
+        f"{shown[session_id]}\t2023-11-14T22:13:20Z\t_no-cwd/{escaped}/session.jsonl"
+        for session_id in sorted(shown)
+        if (escaped := encode_session_id(session_id))
+    ]
 
 
 def test_agent_escapes_the_session_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -646,12 +678,10 @@ STRICT_UTF8: Final = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
 def test_surrogates_and_invalid_utf8_never_fail_a_strict_utf8_output(tmp_path: Path) -> None:
     hostile_log(tmp_path)
     hostile_log(tmp_path, "plain")  # an id the command line can carry
-    raw_name = os.fsencode(tmp_path) + b"/\xff\xfe"  # a directory name that is not UTF-8
+    write_log(tmp_path, "\udcff", log_bytes("\udcff", events(*COMPLETE_TURN)))
+    raw_name = os.fsencode(tmp_path) + b"/_no-cwd/\xfd"  # a directory name that is not UTF-8
     os.mkdir(raw_name)
     with open(raw_name + b"/session.jsonl", "wb") as log:
-        log.write(log_bytes("\udcff", events(*COMPLETE_TURN)))
-    os.mkdir(os.fsencode(tmp_path) + b"/\xfd")
-    with open(os.fsencode(tmp_path) + b"/\xfd/session.jsonl", "wb") as log:
         log.write(b"not a header\n")
     runs = {
         args: subprocess.run(
@@ -666,12 +696,16 @@ def test_surrogates_and_invalid_utf8_never_fail_a_strict_utf8_output(tmp_path: P
     listed = runs["list", str(tmp_path)]
     assert listed.returncode == cli.EXIT_BAD_INPUT
     assert listed.stdout.decode("utf-8").splitlines() == [
-        f"{name}\t2023-11-14T22:13:20Z"
-        for name in (r"evil\x1b[2J\r\n\u202e\x85\ud800", "plain", r"\udcff")
+        f"{name}\t2023-11-14T22:13:20Z\t_no-cwd/{directory}/session.jsonl"
+        for name, directory in (
+            (r"evil\x1b[2J\r\n\u202e\x85\ud800", encode_session_id(HOSTILE_ID)),
+            ("plain", "plain"),
+            (r"\udcff", "~DCFF"),
+        )
     ]
     assert listed.stderr.decode("utf-8") == (
-        f"kai-checkpoint: cannot list {tmp_path}/\\udcfd: corrupt session log "
-        f"{tmp_path}/\\udcfd/session.jsonl, line 1: the first line is not a kai-session header\n"
+        f"kai-checkpoint: cannot list {tmp_path}/_no-cwd/\\udcfd: corrupt session log "
+        f"{tmp_path}/_no-cwd/\\udcfd/session.jsonl, line 1: the header line is not valid JSON\n"
     )
     inspected = runs["inspect", str(tmp_path), "plain"]
     assert (inspected.returncode, inspected.stderr) == (0, b"")
@@ -704,14 +738,14 @@ def mixed_root(tmp_path: Path) -> Path:
     root = tmp_path / "sessions"
     for session_id in ("b", "a"):
         write_log(root, session_id, log_bytes(session_id, events(*COMPLETE_TURN)))
-    write_log(root, "torn-header", b'{"format":"kai-ses')
-    newer = log_bytes("newer", events(*COMPLETE_TURN)).replace(b'"version":1', b'"version":2')
+    write_log(root, "torn-header", b'{"type":"sess')
+    newer = log_bytes("newer", events(*COMPLETE_TURN)).replace(b'"version":0', b'"version":1')
     write_log(root, "newer", newer)
-    (root / "fifo").mkdir()
-    os.mkfifo(root / "fifo" / "session.jsonl")
+    (root / "_no-cwd" / "fifo").mkdir()
+    os.mkfifo(root / "_no-cwd" / "fifo" / "session.jsonl")
     write_log(tmp_path, "elsewhere", log_bytes("link", events(*COMPLETE_TURN)))
-    (root / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
-    (root / "never-published").mkdir()  # a writer died before the log existed
+    (root / "_no-cwd" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "_no-cwd" / "never-published").mkdir()  # a writer died before the log existed
     (root / "README").write_text("not a session\n")
     return root
 
@@ -720,17 +754,20 @@ def test_list_shows_the_intact_sessions_and_names_each_bad_one(mixed_root: Path)
     root = mixed_root
     status, out, err = run_child("list", root)
     assert status == cli.EXIT_BAD_INPUT
-    assert out.splitlines() == ["a\t2023-11-14T22:13:20Z", "b\t2023-11-14T22:13:20Z"]
+    assert out.splitlines() == [
+        f"{name}\t2023-11-14T22:13:20Z\t_no-cwd/{name}/session.jsonl" for name in ("a", "b")
+    ]
+    here = root / "_no-cwd"
     assert err.splitlines() == [
-        f"kai-checkpoint: cannot list {root}/fifo: {root}/fifo/session.jsonl is a FIFO, "
+        f"kai-checkpoint: cannot list {here}/fifo: {here}/fifo/session.jsonl is a FIFO, "
         "not a regular file; refusing to open it",
-        f"kai-checkpoint: cannot list {root}/link: {root}/link is a symbolic link; refusing to "
+        f"kai-checkpoint: cannot list {here}/link: {here}/link is a symbolic link; refusing to "
         "follow it out of the root",
-        f"kai-checkpoint: cannot list {root}/newer: {root}/newer/session.jsonl was written in "
-        "session format version 2, newer than version 1 which this release reads; upgrade "
+        f"kai-checkpoint: cannot list {here}/newer: {here}/newer/session.jsonl was written in "
+        "session format version 1, newer than version 0 which this release reads; upgrade "
         "kai-session-checkpoint-policy",
-        f"kai-checkpoint: cannot list {root}/torn-header: corrupt session log "
-        f"{root}/torn-header/session.jsonl, line 1: the header line is incomplete",
+        f"kai-checkpoint: cannot list {here}/torn-header: corrupt session log "
+        f"{here}/torn-header/session.jsonl, line 1: the header line is incomplete",
     ]
 
 
@@ -801,8 +838,8 @@ def _limit_file_size() -> None:
 
 def test_a_session_another_process_writes_is_one_line_and_status_2(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
-    (root / "busy").mkdir(parents=True)
-    lock = os.open(root / "busy" / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    (root / "_no-cwd" / "busy").mkdir(parents=True)
+    lock = os.open(root / "_no-cwd" / "busy" / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ledger = tmp_path / "ledger.jsonl"
@@ -819,7 +856,7 @@ def test_a_session_another_process_writes_is_one_line_and_status_2(tmp_path: Pat
     assert (completed.returncode, completed.stdout) == (2, "")
     assert completed.stderr == (
         f"kai-checkpoint: session 'busy' is being written by another process "
-        f"(it holds {root / 'busy' / 'session.lock'})\n"
+        f"(it holds {root / '_no-cwd' / 'busy' / 'session.lock'})\n"
     )
     assert not ledger.exists()  # the checkpoint failed closed: no payment
 

@@ -16,7 +16,7 @@ import pytest
 
 from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli
 
-from .persistence_helpers import COMPLETE_TURN, events, log_bytes, write_log
+from .persistence_helpers import COMPLETE_TURN, events, find_log, log_bytes, write_log
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -94,7 +94,7 @@ def test_json_has_the_header_and_the_torn_tail_as_records_no_reader_takes_for_ev
     status, out, _err = run(capsys, "inspect", two_turns, "s", "--json")
     assert status == 0
     header, *rest = records(out)
-    stored_header = (two_turns / "s" / "session.jsonl").read_bytes().split(b"\n", 1)[0]
+    stored_header = find_log(two_turns, "s").read_bytes().split(b"\n", 1)[0]
     assert header == {"header": json.loads(stored_header)}
     events_only = [record for record in rest if "type" in record]
     assert [record["seq"] for record in events_only] == list(range(11))
@@ -129,8 +129,8 @@ def test_list_in_json(two_turns: Path, capsys: pytest.CaptureFixture[str]) -> No
     status, out, err = run(capsys, "list", two_turns, "--json")
     assert (status, err) == (0, "")
     assert records(out) == [
-        {"id": "s", "createdAt": 1_700_000_000_000, "version": 1},
-        {"id": "t", "createdAt": 1_700_000_000_000, "version": 1},
+        {"id": "s", "createdAt": 1_700_000_000_000, "version": 0},
+        {"id": "t", "createdAt": 1_700_000_000_000, "version": 0},
     ]
 
 

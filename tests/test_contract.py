@@ -113,7 +113,8 @@ async def test_an_unknown_host_option_is_an_error_naming_it_and_the_known_ones()
             pytest.fail("the host must not open")
     assert str(refused.value) == (
         "unknown host option 'jsonl.roots': the plugins of this host declare "
-        "jsonl.batch_window, jsonl.inline_write_limit, jsonl.root"
+        "jsonl.batch_window, jsonl.compression, jsonl.inline_write_limit, jsonl.pack_chunks, "
+        "jsonl.root"
     )
 
 
@@ -153,7 +154,7 @@ async def test_the_flush_recorder_stands_in_only_where_no_backend_is(tmp_path: P
 
 def test_the_demo_does_not_import_the_command_line_that_runs_it() -> None:
     assert "cli" not in imported_modules(PACKAGE / "demo.py")
-    assert imported_modules(PACKAGE / "output.py") == {"events"}
+    assert imported_modules(PACKAGE / "output.py") == {"eventdata", "events"}
 
 
 def test_the_package_logger_stays_quiet_without_a_handler_of_the_application() -> None:

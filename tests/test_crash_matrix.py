@@ -58,10 +58,11 @@ CHILD: Final = Path(__file__).with_name("crash_child.py")
 PARALLEL: Final = 4
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 
-# (event loop, batch window): a window longer than the run leaves every write to the policy's
-# checkpoints, so the matrix is deterministic; a 5 ms window mixes background batches in.
-VARIANTS: Final = [("asyncio", 3600.0), ("trio", 0.005)] + (
-    [("trio", 3600.0), ("asyncio", 0.005)] if LONG else []
+# (event loop, batch window, compression): a window longer than the run leaves every write to
+# the policy's checkpoints, so the matrix is deterministic; a 5 ms window mixes background
+# batches in. Each compression of the log is killed at every point.
+VARIANTS: Final = [("asyncio", 3600.0, "zstd"), ("trio", 0.005, "none")] + (
+    [("trio", 3600.0, "none"), ("asyncio", 0.005, "zstd")] if LONG else []
 )
 
 
@@ -74,7 +75,9 @@ class Run:
     effects_after: int
 
 
-def child_command(trace: Path, root: Path, backend: str, window: float, *extra: str) -> list[str]:
+def child_command(
+    trace: Path, root: Path, backend: str, window: float, compression: str, *extra: str
+) -> list[str]:
     return [
         sys.executable,
         str(CHILD),
@@ -84,6 +87,8 @@ def child_command(trace: Path, root: Path, backend: str, window: float, *extra: 
         backend,
         "--window",
         str(window),
+        "--compression",
+        compression,
         *extra,
     ]
 
@@ -111,13 +116,15 @@ def expected_from_trace(trace: Path) -> Expected:
     )
 
 
-def kill_at(directory: Path, backend: str, window: float, point: str) -> None:
+def kill_at(directory: Path, backend: str, window: float, compression: str, point: str) -> None:
     """Run a child until it reaches *point*, and SIGKILL it."""
     trace, root, marker = directory / "trace", directory / "root", directory / "marker"
     trace.mkdir(parents=True)
     marker.write_bytes(b"")
     child = subprocess.Popen(
-        child_command(trace, root, backend, window, "--point", point, "--marker", str(marker)),
+        child_command(
+            trace, root, backend, window, compression, "--point", point, "--marker", str(marker)
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -133,12 +140,15 @@ def recover(directory: Path, point: str) -> Run:
     return Run(point, recovered, expected_from_trace(trace), effects_before, effects_after)
 
 
-def dry_run(directory: Path, backend: str, window: float) -> list[str]:
+def dry_run(directory: Path, backend: str, window: float, compression: str) -> list[str]:
     """Run the whole turn once, unkilled, and return the points it reached, in order."""
     trace, root = directory / "trace", directory / "root"
     trace.mkdir(parents=True)
     done = subprocess.run(
-        child_command(trace, root, backend, window), capture_output=True, timeout=60, check=False
+        child_command(trace, root, backend, window, compression),
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr.decode()
     points = read_lines(trace / "points")
@@ -241,11 +251,11 @@ PINNED: Final[dict[str, dict[str, object]]] = {
 }
 
 
-@pytest.mark.parametrize(("backend", "window"), VARIANTS)
+@pytest.mark.parametrize(("backend", "window", "compression"), VARIANTS)
 def test_every_instrumented_point_survives_sigkill(
-    tmp_path: Path, backend: str, window: float, request: pytest.FixtureRequest
+    tmp_path: Path, backend: str, window: float, compression: str, request: pytest.FixtureRequest
 ) -> None:
-    points = dry_run(tmp_path / "dry", backend, window)
+    points = dry_run(tmp_path / "dry", backend, window, compression)
     kinds = {point.partition(": ")[2].split(" ")[0] for point in points}
     assert {"flush-before", "flush-after", "adapter-start", "after", "body-start", "body-end"} <= (
         kinds
@@ -256,7 +266,9 @@ def test_every_instrumented_point_survives_sigkill(
     with ThreadPoolExecutor(PARALLEL) as pool:
         list(
             pool.map(
-                lambda item: kill_at(tmp_path / f"kill-{item[0]}", backend, window, item[1]),
+                lambda item: kill_at(
+                    tmp_path / f"kill-{item[0]}", backend, window, compression, item[1]
+                ),
                 enumerate(points),
             )
         )

@@ -43,7 +43,6 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     StoredLog,
 )
-from kai_session_checkpoint_policy.persistence.format import LOG_NAME, encode_session_id
 
 from .persistence_helpers import (
     COMPLETE_TURN,
@@ -52,6 +51,7 @@ from .persistence_helpers import (
     assistant,
     event,
     events,
+    find_log,
     lines,
     log_bytes,
     tree,
@@ -62,7 +62,7 @@ pytestmark = pytest.mark.anyio
 
 
 def log_path(root: Path, session_id: str) -> Path:
-    return root / encode_session_id(session_id) / LOG_NAME
+    return find_log(root, session_id)
 
 
 def append_turn_start(session: Session, count: int = 1) -> None:
@@ -104,7 +104,13 @@ async def test_flush_writes_header_and_events_as_lines(
     await host.sessions.flush(session)
     path = log_path(tmp_path / "root", "s/1")
     assert lines(path) == [
-        {"format": "kai-session", "version": FORMAT_VERSION, "id": "s/1", "createdAt": first.time},
+        {
+            "type": "session",
+            "version": FORMAT_VERSION,
+            "id": "s/1",
+            "createdAt": first.time,
+            "delegationDepth": 0,
+        },
         first.to_json(),
         second.to_json(),
     ]
@@ -370,13 +376,13 @@ async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
         ("step/end", {"turn": 2, "step": 1}),
         ("turn/end", {"turn": 2, "reason": {"kind": "interrupted"}}),
     ]
-    assert path.with_name(f"{LOG_NAME}.torn-{committed}").read_bytes() == b'{"type":"assistant/ch'
+    assert path.with_name(f"{path.name}.torn-{committed}").read_bytes() == b'{"type":"assistant/ch'
     assert [line.get("seq") for line in lines(path)] == [None, *range(10)]
     again = await backend.load("crashed")
     assert (again.events, again.repair, again.torn_bytes) == (loaded.events, (), 0)
     assert repr(loaded) == (  # counts, not a million events
-        "StoredLog(header=SessionHeader(id='crashed', created_at=1700000000000, version=1), "
-        "events=<10 events>, repair=<2 events>, torn_bytes=21, "
+        f"StoredLog(header={loaded.header!r}, events=<10 events>, repair=<2 events>, "
+        "torn_bytes=21, "
         f"location={str(path)!r})"
     )
     async with Host([backend], autoload=False) as host:
@@ -410,9 +416,9 @@ async def test_a_missing_session_is_named(tmp_path: Path) -> None:
 async def test_a_symlinked_log_is_not_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside.jsonl"
     outside.write_bytes(log_bytes("link", events(*COMPLETE_TURN)))
-    directory = tmp_path / "root" / "link"
-    directory.mkdir(parents=True)
-    os.symlink(outside, directory / LOG_NAME)
+    path = log_path(tmp_path / "root", "link")
+    path.parent.mkdir(parents=True)
+    os.symlink(outside, path)
     with pytest.raises(PersistenceError, match="is a symbolic link; refusing to follow it"):
         await JsonlSessionPersistence(tmp_path / "root").inspect("link")
 
@@ -441,6 +447,27 @@ async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: 
             0.0,
         )
         assert host.pm.get_plugin("session-checkpoint-policy") is policy
+        assert (backend.compression, backend.pack_chunks) == ("zstd", True)
+    options = {"jsonl.root": str(tmp_path), "jsonl.compression": "none", "jsonl.pack_chunks": False}
+    async with Host(options=options) as host:
+        backend = host.session_persistence
+        assert isinstance(backend, JsonlSessionPersistence)
+        assert (backend.compression, backend.pack_chunks) == ("none", False)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("jsonl.compression", "gzip", "must be 'zstd' or 'none', not 'gzip'"),
+        ("jsonl.pack_chunks", "yes", "must be True or False, not 'yes'"),
+    ],
+)
+async def test_a_format_option_must_be_one_the_backend_knows(
+    option: str, value: str, problem: str, tmp_path: Path
+) -> None:
+    with pytest.raises(TypeError, match=f"host option '{option}' {problem}"):
+        async with Host(options={"jsonl.root": str(tmp_path), option: value}):
+            pass
 
 
 @pytest.mark.parametrize("option", ["jsonl.batch_window", "jsonl.inline_write_limit"])
@@ -592,7 +619,7 @@ async def test_a_recovery_interrupted_after_its_cut_still_knows_bytes_were_cut(
 async def test_a_second_torn_tail_at_the_same_offset_is_kept_too(tmp_path: Path) -> None:
     path = crashed_log(tmp_path)
     committed = len(path.read_bytes()) - len(b'{"type":"assistant/ch')
-    keep = path.with_name(f"{LOG_NAME}.torn-{committed}")
+    keep = path.with_name(f"{path.name}.torn-{committed}")
     keep.write_bytes(b"bytes cut by an earlier recovery")
     await JsonlSessionPersistence(tmp_path).load("crashed")
     assert keep.read_bytes() == b"bytes cut by an earlier recovery"

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kai_session_checkpoint_policy.events import JSONObject
+from kai_session_checkpoint_policy.events import JSONObject, SessionEvent, SurfaceReplace
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
     UnsupportedFormatError,
+    decode_event,
     decode_session_id,
     encode_session_id,
 )
@@ -21,6 +23,7 @@ from kai_session_checkpoint_policy.persistence.format import (
     MAX_TIME,
     SessionHeader,
     encode_header,
+    project_directory,
     scan_log,
 )
 
@@ -31,15 +34,22 @@ PATH = Path("root/s/session.jsonl")
 
 @pytest.mark.parametrize(
     ("session_id", "escaped"),
-    [
-        ("plain-id_1.2", "plain-id_1.2"),
-        (".", "~2E"),
-        ("..", "~2E~2E"),
-        ("../etc", "..~2Fetc"),
-        ("a/b\\c", "a~2Fb~5Cc"),
-        ("nul\x00", "nul~00"),
-        ("~", "~7E"),
-        ("会话", "~E4~BC~9A~E8~AF~9D"),
+    [  # the original harness's own examples
+        ("interop", "interop"),
+        ("semantic-checkpoint-crash", "semantic-checkpoint-crash"),
+        ("a b/ü", "a~0020b~002F~00FC"),
+        ("a~b", "a~007Eb"),
+        ("/etc/passwd", "~002Fetc~002Fpasswd"),
+        ("a\x00b", "a~0000b"),
+        (".", "~002E"),
+        ("..", "~002E~002E"),
+        ("...", "..."),
+        ("../etc", "..~002Fetc"),
+        ("a/b\\c", "a~002Fb~005Cc"),
+        ("😀", "~D83D~DE00"),
+        ("\ud800", "~D800"),
+        ("plain-ID_1.2", "plain-ID_1.2"),
+        ("会话", "~4F1A~8BDD"),
     ],
 )
 def test_ids_become_one_safe_directory_name(session_id: str, escaped: str) -> None:
@@ -49,7 +59,26 @@ def test_ids_become_one_safe_directory_name(session_id: str, escaped: str) -> No
     assert decode_session_id(escaped) == session_id
 
 
-@given(st.text(min_size=1, max_size=16))  # 16 four-byte characters escape to 192 bytes
+@pytest.mark.parametrize(
+    ("cwd", "directory"),
+    [  # the original harness's own examples
+        (None, "_no-cwd"),
+        ("/home/dev/payments-app", "--home-dev-payments-app--"),
+        ("/Users/qyj/work/deepseek-harness", "--Users-qyj-work-deepseek-harness--"),
+        ("C:\\work\\agent", "--C-work-agent--"),
+        ("/开发/~agent", "--~5F00~53D1-~007Eagent--"),
+        ("/", "--root--"),
+        ("//a//b/", "--a-b---"),
+        ("/a-/b", "--a--b--"),
+        ("/tmp/My Project (v2)", "--tmp-My~0020Project~0020~0028v2~0029--"),
+        ("/" + "x" * 1000, "--" + "x" * 251 + "--"),
+    ],
+)
+def test_a_working_directory_becomes_a_project_directory(cwd: str | None, directory: str) -> None:
+    assert project_directory(cwd) == directory
+
+
+@given(st.text(min_size=1, max_size=25))  # at most 10 bytes per character: 250 bytes
 def test_escaping_is_injective(session_id: str) -> None:
     escaped = encode_session_id(session_id)
     assert decode_session_id(escaped) == session_id
@@ -61,20 +90,42 @@ def test_unusable_ids_are_refused_with_a_reason() -> None:
     with pytest.raises(InvalidSessionIdError, match="must be a non-empty string, not ''"):
         encode_session_id("")
     with pytest.raises(
-        InvalidSessionIdError, match=r"too long: 3000 bytes once escaped, at most 200"
+        InvalidSessionIdError, match=r"too long: 3000 bytes once escaped, at most 255"
     ):
         encode_session_id("x" * 3000)
+    with pytest.raises(InvalidSessionIdError, match="a working directory must be a non-empty"):
+        project_directory("")
 
 
 def test_header_layout() -> None:
     assert encode_header(SessionHeader("s/1", 5)) == (
-        b'{"format":"kai-session","version":1,"id":"s/1","createdAt":5}\n'
+        b'{"type":"session","version":0,"id":"s/1","createdAt":5,"delegationDepth":0}\n'
     )
+    header = SessionHeader("s", 5, cwd="/w", parent_session="p", seed_length=3, agent_preset="a")
+    assert encode_header(header) == (
+        b'{"type":"session","version":0,"id":"s","createdAt":5,"cwd":"/w","parentSession":"p",'
+        b'"seedLength":3,"delegationDepth":0,"agentPreset":"a"}\n'
+    )
+    assert scan_log(encode_header(header), PATH).header == header
 
 
 def test_event_line_layout() -> None:
     (first,) = events(("turn/start", {"turn": 1}))
     assert first.encode() == '{"type":"turn/start","seq":0,"time":1700000000000,"data":{"turn":1}}'
+    live = SessionEvent("tool/result", 3, 1, {}, None, "append", (2,))
+    assert live.encode() == (
+        '{"type":"tool/result","seq":3,"time":1,"data":{},"sourceEventSeqs":[2],"surfaceOp":"append"}'
+    )
+    closer = replace(live, surface_op_first=True, ignorable=True)
+    assert closer.encode() == (
+        '{"type":"tool/result","seq":3,"time":1,"data":{},"surfaceOp":"append",'
+        '"sourceEventSeqs":[2],"ignorable":true}'
+    )
+    replaced = SessionEvent("user/message", 5, 1, {}, None, SurfaceReplace(1, 4))
+    assert replaced.encode().endswith(',"surfaceOp":{"op":"replace","start":1,"end":4}}')
+    for event in (first, live, closer, replaced):
+        assert json.loads(event.encode()) == event.to_json()
+        assert decode_event(event.encode(), event.seq) == event
 
 
 def test_scan_reads_every_committed_event() -> None:
@@ -139,32 +190,59 @@ def test_damage_followed_by_a_record_of_another_shape_names_the_damage() -> None
 
 DEEP = "[" * 65 + "]" * 65
 SHAPES = {
-    "an extra key": (b'{"type":"x","seq":8,"time":1,"data":{},"extra":1}', "not an event envelope"),
-    "a missing key": (b'{"type":"x","seq":8,"data":{}}', "not an event envelope"),
-    "a seq as a string": (b'{"type":"x","seq":"8","time":1,"data":{}}', "seq is not an integer"),
+    "an extra key": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{},"extra":1}',
+        "not an event envelope",
+    ),
+    "a missing key": (b'{"type":"plan/mode","seq":8,"data":{}}', "not an event envelope"),
+    "a seq as a string": (
+        b'{"type":"plan/mode","seq":"8","time":1,"data":{}}',
+        "seq is not an integer",
+    ),
     "a type that is not a string": (b'{"type":8,"seq":8,"time":1,"data":{}}', "the event type"),
-    "data that is not an object": (b'{"type":"x","seq":8,"time":1,"data":[]}', "the event data"),
-    "a seq out of order": (b'{"type":"x","seq":9,"time":1,"data":{}}', "seq 9 where 8 was"),
-    "a repeated seq": (b'{"type":"x","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
-    "NaN": (b'{"type":"x","seq":8,"time":1,"data":{"v":NaN}}', "NaN is not a finite number"),
-    "-Infinity": (b'{"type":"x","seq":8,"time":1,"data":{"v":-Infinity}}', "-Infinity is not"),
-    "1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":1e999}}', "1e999 is not a finite"),
-    "-1e999": (b'{"type":"x","seq":8,"time":1,"data":{"v":-1e999}}', "-1e999 is not a finite"),
+    "data that is not an object": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":[]}',
+        "the event data",
+    ),
+    "a seq out of order": (
+        b'{"type":"plan/mode","seq":9,"time":1,"data":{}}',
+        "seq 9 where 8 was",
+    ),
+    "a repeated seq": (b'{"type":"plan/mode","seq":7,"time":1,"data":{}}', "seq 7 where 8 was"),
+    "NaN": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":NaN}}',
+        "NaN is not a finite number",
+    ),
+    "-Infinity": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-Infinity}}',
+        "-Infinity is not",
+    ),
+    "1e999": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1e999}}',
+        "1e999 is not a finite",
+    ),
+    "-1e999": (
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-1e999}}',
+        "-1e999 is not a finite",
+    ),
     "a 400-digit float": (
-        b'{"type":"x","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
         "is not a finite number",
     ),
-    "a negative time": (b'{"type":"x","seq":8,"time":-1,"data":{}}', "the event time is not an"),
+    "a negative time": (
+        b'{"type":"plan/mode","seq":8,"time":-1,"data":{}}',
+        "the event time is not an",
+    ),
     "a time after the year 9999": (
-        b'{"type":"x","seq":8,"time":253402300800000,"data":{}}',
+        b'{"type":"plan/mode","seq":8,"time":253402300800000,"data":{}}',
         "the event time is not an integer from 0 to 253402300799999",
     ),
     "a time of 10**30": (
-        b'{"type":"x","seq":8,"time":%d,"data":{}}' % 10**30,
+        b'{"type":"plan/mode","seq":8,"time":%d,"data":{}}' % 10**30,
         "the event time is not an integer from 0 to 253402300799999",
     ),
     "data nested 65 levels": (
-        b'{"type":"x","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
+        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
         "the line is nested 66 levels deep; an event line nests at most 65 (its data at most 64)",
     ),
 }
@@ -222,11 +300,20 @@ def test_a_seq_gap_before_a_turn_end_is_corruption() -> None:
 @pytest.mark.parametrize(
     ("header", "message"),
     [
+        (b'{"type":"session","version":1,"id":"s","createdAt":0}\n', "newer than version 0"),
+        (b'{"type":"session","version":-1,"id":"s","createdAt":0}\n', "older than version 0"),
         (b'{"format":"kai-session","version":2,"id":"s","createdAt":0}\n', "newer than version 1"),
         (b'{"format":"kai-session","version":0,"id":"s","createdAt":0}\n', "reads only version 1"),
+        (b'{"format":"other"}\n', "is not a session log: its first line is not a session header"),
+        (b"[1]\n", "is not a session log: its first line is not a session header"),
+        (b"\x28\xb5\x2f\xfd\x04\x58", "it holds Zstandard data"),
+        (
+            b'{"type":"session","version":0,"id":"s","createdAt":0,"sandboxMode":"x"}\n',
+            "retired fields sandboxMode",
+        ),
     ],
 )
-def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, message: str) -> None:
+def test_other_formats_are_unsupported_not_corrupt(header: bytes, message: str) -> None:
     with pytest.raises(UnsupportedFormatError, match=message) as caught:
         scan_log(header, PATH)
     assert str(PATH) in str(caught.value)
@@ -238,7 +325,6 @@ def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, messag
     [
         (b"", "the header line is incomplete"),
         (b'{"format":"kai-session","vers', "the header line is incomplete"),
-        (b'{"format":"other"}\n', "the first line is not a kai-session header"),
         (b'{"format":"kai-session","version":1,"createdAt":0}\n', "the header has no session id"),
         *(
             (
@@ -251,7 +337,7 @@ def test_other_format_versions_are_unsupported_not_corrupt(header: bytes, messag
         (
             b'{"format":"kai-session","version":1,"id":"s","createdAt":0,"x":%s}\n'
             % (b"[" * 100_000 + b"]" * 100_000),
-            "the first line is not a kai-session header",
+            "the header line is nested too deep",
         ),
     ],
 )

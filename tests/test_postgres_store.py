@@ -23,7 +23,7 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     UnsupportedFormatError,
 )
-from kai_session_checkpoint_policy.persistence.format import encode_header
+from kai_session_checkpoint_policy.persistence.format import FORMAT_VERSION, encode_header
 from kai_session_checkpoint_policy.persistence.postgres_store import (
     SCHEMA_VERSION,
     Batch,
@@ -194,7 +194,7 @@ def test_a_round_trip_is_byte_identical_to_the_jsonl_log(open_store: OpenStore) 
     assert store.append(lease, 2, TURN[2:]) == len(TURN) - 2
     stored = store.read("s-1")
 
-    assert stored.header == SessionHeader("s-1", T0, 1)
+    assert stored.header == SessionHeader("s-1", T0, FORMAT_VERSION)
     assert stored.records == RECORDS
     as_jsonl = encode_header(stored.header) + "".join(f"{r}\n" for r in stored.records).encode()
     assert as_jsonl == log_bytes("s-1", TURN)
@@ -208,9 +208,9 @@ def test_sessions_are_listed_oldest_first(open_store: OpenStore) -> None:
         )
 
     assert store.list_sessions() == [
-        SessionHeader("c", T0 + 0, 1),
-        SessionHeader("a", T0 + 5, 1),
-        SessionHeader("b", T0 + 5, 1),
+        SessionHeader("c", T0 + 0, FORMAT_VERSION),
+        SessionHeader("a", T0 + 5, FORMAT_VERSION),
+        SessionHeader("b", T0 + 5, FORMAT_VERSION),
     ]
 
 

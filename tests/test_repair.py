@@ -61,7 +61,7 @@ def test_a_call_without_tool_call_was_not_started() -> None:
         "turn": 2,
         "step": 1,
         "message": {
-            "id": "tool-result-c1",
+            "id": "interrupted-tool-result-c1-4",
             "role": "user",
             "source": {"kind": "tool", "callId": "c1"},
             "content": [
@@ -75,6 +75,10 @@ def test_a_call_without_tool_call_was_not_started() -> None:
         },
         "error": {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"},
     }
+    # Nothing was recorded for the call to cite; like every closer, its surfaceOp comes first.
+    assert (closers[0].surface_op, closers[0].source_event_seqs) == ("append", None)
+    assert closers[0].encode().endswith(',"surfaceOp":"append"}')
+    assert [(c.surface_op, c.source_event_seqs) for c in closers[1:]] == [(None, None)] * 2
 
 
 def test_after_a_cut_tail_a_call_without_tool_call_has_an_unknown_outcome() -> None:
@@ -107,6 +111,10 @@ def test_a_recorded_call_without_result_has_an_unknown_outcome() -> None:
         "name": "ToolOutcomeUnknownError",
         "code": "TOOL_OUTCOME_UNKNOWN",
     }
+    # Marked as a repair in its id, citing the tool/call it answers, as the original writes it.
+    assert result.data["message"]["id"] == "interrupted-tool-result-c1-6"  # type: ignore[call-overload,index]
+    assert (result.surface_op, result.source_event_seqs) == ("append", (5,))
+    assert result.encode().endswith(',"surfaceOp":"append","sourceEventSeqs":[5]}')
     text = result.data["message"]["content"][0]["content"][0]["text"]  # type: ignore[index,call-overload]
     assert text == f"Error: {OUTCOME_UNKNOWN_TEXT}"
     for fragment in (
@@ -156,6 +164,10 @@ def test_only_the_unanswered_of_two_calls_is_closed() -> None:
         "name": "ToolOutcomeUnknownError",
         "code": "TOOL_OUTCOME_UNKNOWN",
     }
+    # Marked as a repair in its id, citing the tool/call it answers, as the original writes it.
+    assert result.data["message"]["id"] == "interrupted-tool-result-c2-8"  # type: ignore[call-overload,index]
+    assert (result.surface_op, result.source_event_seqs) == ("append", (6,))
+    assert result.encode().endswith(',"surfaceOp":"append","sourceEventSeqs":[6]}')
 
 
 def test_pending_calls_are_closed_in_model_order() -> None:

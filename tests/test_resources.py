@@ -22,7 +22,7 @@ import pytest
 from kai_session_checkpoint_policy import Host, JsonlSessionPersistence, PersistenceError
 
 from . import figures
-from .persistence_helpers import lines
+from .persistence_helpers import find_log, lines, log_path
 
 LONG_RUN_CHILD: Final = Path(__file__).with_name("long_run_child.py")
 
@@ -32,7 +32,7 @@ def open_descriptors() -> int:
 
 
 def stored_types(root: Path, session_id: str) -> list[object]:
-    return [record["type"] for record in lines(root / session_id / "session.jsonl")[1:]]
+    return [record["type"] for record in lines(find_log(root, session_id))[1:]]
 
 
 @pytest.mark.anyio
@@ -95,9 +95,9 @@ async def test_more_live_sessions_than_open_files_allowed(tmp_path: Path) -> Non
 
 @pytest.mark.anyio
 async def test_a_log_changed_while_its_files_were_closed_is_refused(tmp_path: Path) -> None:
-    backend = JsonlSessionPersistence(tmp_path, max_open_sessions=1)
-    log = tmp_path / "first" / "session.jsonl"
-    refused = r"session.jsonl changed while its files were closed: it holds 165 bytes where 145"
+    backend = JsonlSessionPersistence(tmp_path, max_open_sessions=1, compression="none")
+    log = log_path(tmp_path, "first")
+    refused = r"session.jsonl changed while its files were closed: it holds 179 bytes where 159"
     with pytest.raises(PersistenceError, match=refused):  # noqa: PT012 - the close tries again
         async with Host([backend], autoload=False) as host:
             first, second = host.sessions.create("first"), host.sessions.create("second")

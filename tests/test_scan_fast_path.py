@@ -12,10 +12,15 @@ from unittest import mock
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kai_session_checkpoint_policy.events import SessionEvent, encode_data
+from kai_session_checkpoint_policy.events import JSONObject, SessionEvent, encode_data
 from kai_session_checkpoint_policy.persistence import format as log_format
 from kai_session_checkpoint_policy.persistence.errors import PersistenceError
-from kai_session_checkpoint_policy.persistence.format import MAX_TIME, SessionHeader, encode_header
+from kai_session_checkpoint_policy.persistence.format import (
+    MAX_TIME,
+    SessionHeader,
+    encode_events,
+    encode_header,
+)
 
 from .strategies import json_values
 
@@ -26,14 +31,28 @@ event_types = st.sampled_from(["assistant/chunk", "tool/call", "turn/end", "x", 
 
 @st.composite
 def event_lines(draw: st.DrawFn) -> list[bytes]:
-    """The lines of an intact log's events, without their newlines."""
-    lines = []
-    for seq in range(draw(st.integers(0, 12))):
+    """The lines of an intact log's events, without their newlines: plain events, surface
+    events with their envelope keys, ignorable events, and packed rows of deltas."""
+    events: list[SessionEvent] = []
+    for _ in range(draw(st.integers(0, 12))):
+        seq, time = len(events), draw(st.integers(0, MAX_TIME - 10))
+        kind = draw(st.sampled_from(["plain", "surface", "ignorable", "row"]))
+        if kind == "row":
+            for offset in range(draw(st.integers(1, 4))):
+                chunk: JSONObject = {"type": "text-delta", "index": 0, "text": draw(st.text())}
+                delta: JSONObject = {"turn": 1, "step": 1, "chunk": chunk}
+                events.append(SessionEvent("assistant/chunk", seq + offset, time + offset, delta))
+            continue
         data = draw(st.dictionaries(st.text(max_size=3), json_values, max_size=3))
         copy, encoded = encode_data("x", data)
-        event = SessionEvent(draw(event_types), seq, draw(st.integers(0, MAX_TIME)), copy, encoded)
-        lines.append(event.encode().encode())
-    return lines
+        if kind == "surface":
+            sources = tuple(range(seq)) if seq else None
+            event = SessionEvent("tool/result", seq, time, copy, encoded, "append", sources)
+        else:
+            event_type = draw(event_types)
+            event = SessionEvent(event_type, seq, time, copy, encoded, ignorable=kind != "plain")
+        events.append(event)
+    return encode_events(events, pack=True).splitlines()
 
 
 def _damaged(line: bytes, how: int, other: bytes) -> list[bytes]:
@@ -107,3 +126,17 @@ def test_loaded_events_share_one_copy_of_each_key_and_type() -> None:
     for event in others:
         assert event.type is first.type
         assert next(iter(event.data)) is next(iter(first.data))
+
+
+def test_a_packed_log_is_read_by_the_fast_path() -> None:
+    """Packed rows have four keys, as plain events do: they must not send a scan line by line."""
+    chunk: JSONObject = {"type": "text-delta", "index": 0, "text": "piece"}
+    events = [
+        SessionEvent("assistant/chunk", seq, 1, {"turn": 1, "step": 1, "chunk": chunk})
+        for seq in range(10)
+    ]
+    events.append(SessionEvent("assistant/message", 10, 1, {}, None, "append", tuple(range(10))))
+    data = encode_header(SessionHeader("s", 1)) + encode_events(events, pack=True)
+    assert data.count(b"\n") == 3  # the header, one row, the message
+    with mock.patch.object(log_format, "_parse", side_effect=AssertionError("line by line")):
+        assert log_format.scan_log(data, PATH).events == tuple(events)

@@ -2,7 +2,8 @@
 
 ``complete``: the log of one whole turn of the demo agent. ``recovered``: the same log cut
 off right after the ``tool/call`` (as a crash inside the tool body leaves it), then loaded
-with recovery, which appends the closers.
+with recovery, which appends the closers. The logs are written uncompressed
+(``compression="none"``), so that they can be read as they are.
 
     python docs/examples/sample_log.py complete > docs/examples/sample-session.jsonl
     python docs/examples/sample_log.py recovered > docs/examples/recovered-session.jsonl
@@ -26,6 +27,7 @@ from kai_session_checkpoint_policy.demo import (
     make_payment_tool,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+from kai_session_checkpoint_policy.persistence.format import LOG_NAME, NO_CWD
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in epoch milliseconds
 SESSION = "invoice-1042"
@@ -34,7 +36,7 @@ SESSION = "invoice-1042"
 async def complete(root: Path) -> bytes:
     """Run one turn of the demo agent with a clock that ticks 1 ms per event; return the log."""
     ticks = itertools.count(START)
-    backend = JsonlSessionPersistence(root)
+    backend = JsonlSessionPersistence(root, compression="none")
     async with Host(
         [backend, policy, invariant], autoload=False, clock=lambda: next(ticks)
     ) as host:
@@ -43,14 +45,14 @@ async def complete(root: Path) -> bytes:
         session = host.sessions.create(SESSION)
         await Agent(host, session, provider=PROVIDER, model=MODEL).run_turn(PROMPT)
         await host.sessions.flush(session)
-    return (root / SESSION / "session.jsonl").read_bytes()
+    return (root / NO_CWD / SESSION / LOG_NAME).read_bytes()
 
 
 async def recovered(root: Path) -> bytes:
     """Cut the complete log after its ``tool/call``, recover it, and return the result."""
     lines = (await complete(root)).splitlines(keepends=True)
     cut = next(index for index, line in enumerate(lines) if b'"type":"tool/call"' in line)
-    log = root / SESSION / "session.jsonl"
+    log = root / NO_CWD / SESSION / LOG_NAME
     log.write_bytes(b"".join(lines[: cut + 1]))
     await JsonlSessionPersistence(root).load(SESSION)
     return log.read_bytes()

@@ -11,8 +11,9 @@ Subcommands::
 
 Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
 this release does not read), with one line on standard error that names the problem.
-``list`` prints every intact session on standard output and one line per session it cannot
-read on standard error; it then exits with status 2. ``list`` and ``inspect`` never write
+``list`` prints every intact session on standard output (its id, when it was created, and its
+log relative to the root) and one line per session it cannot read on standard error; it then
+exits with status 2. ``list`` and ``inspect`` never write
 anything. When the reader of standard output goes away (``kai-checkpoint inspect ... | head``),
 the command stops quietly with status 141, as a program killed by ``SIGPIPE`` does.
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from .events import SessionEvent
-    from .persistence import StoredLog
+    from .persistence import SessionHeader, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -96,8 +97,9 @@ async def _list(args: argparse.Namespace) -> int:
             console.line(json.dumps(record, separators=(",", ":")))
     elif not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {printable(args.root)}"))
-    for header in () if args.json else listing.headers:  # oldest first
-        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}")
+    for header, log in () if args.json else zip(listing.headers, listing.logs, strict=True):
+        where = printable(str(log.relative_to(backend.root)))  # the layout, and compression
+        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}\t{where}")
     sys.stdout.flush()
     for problem in listing.problems:
         directory = printable(str(problem.directory))
@@ -135,7 +137,7 @@ def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: _Vi
     console.line(
         console.bold(f"session {printable(header.id)}")
         + console.dim(
-            f"  created {format_time(header.created_at)}, format version {header.version}, "
+            f"  created {format_time(header.created_at)}, {_format_of(header)}, "
             f"{printable(str(log.location))}"
         )
     )
@@ -205,6 +207,15 @@ def _print_json(
         lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
     # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
     stream.writelines(f"{line}\n" for line in lines)
+
+
+def _format_of(header: SessionHeader) -> str:
+    """The format version, the earlier format named, and the working directory if any."""
+    if header.earlier_format:
+        described = f"this project's earlier format (version {header.version})"
+    else:
+        described = f"format version {header.version}"
+    return described if header.cwd is None else f"{described}, cwd {printable(header.cwd)}"
 
 
 async def _show_log(args: argparse.Namespace) -> int:
@@ -419,7 +430,8 @@ def _parser() -> argparse.ArgumentParser:
         shape.add_argument(
             "--json",
             action="store_true",
-            help="one record per line: the header, each event as stored, the torn tail, the repair",
+            help="one record per line: the header, each event exactly as stored, the torn tail, "
+            "the repair",
         )
         shape.add_argument(
             "--summary",

@@ -36,6 +36,7 @@ import anyio
 
 from . import invariant, policy
 from .contract import Finish, text_block, tool_call_block
+from .eventdata import message_of, texts_of
 from .hookspecs import hookimpl
 from .host import Agent, Host, Tool
 from .output import Console, event_line
@@ -161,13 +162,7 @@ def _last_tool_result(messages: Iterable[JSONObject]) -> tuple[bool, str] | None
             continue
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool-result":
-                texts = block.get("content")
-                text = " ".join(
-                    str(part.get("text"))
-                    for part in (texts if isinstance(texts, list) else [])
-                    if isinstance(part, dict)
-                )
-                found = (bool(block.get("isError")), text)
+                found = (bool(block.get("isError")), " ".join(texts_of(block.get("content"))))
     return found
 
 
@@ -553,7 +548,8 @@ async def _show_recovery(
         f"   The result the model will see for {TOOL_NAME} [{CALL_ID}], "
         "in place of the one that never came:"
     )
-    text = json.dumps(result.data["message"], indent=2, ensure_ascii=False)
+    message = message_of(result.type, result.data)
+    text = json.dumps(message, indent=2, ensure_ascii=False)
     for line in text.splitlines():
         console.line(console.note(f"     {line}"))
     console.line(

@@ -4,6 +4,13 @@ An event is ``{"type", "seq", "time", "data"}``: ``seq`` equals the number of ev
 ``time`` is Unix epoch milliseconds, and ``data`` is JSON that survives a round trip unchanged.
 :func:`encode_data` enforces that rule once, at append time, and returns both a private copy of
 the data and its canonical encoding, so a persistence backend never encodes an event again.
+
+Three more envelope fields are shared with the original harness's session format: the three
+*surface* types (the messages a model sees: ``user/message``, ``assistant/message`` and
+``tool/result``) carry ``surfaceOp`` (how the message changes the transcript: ``"append"``),
+and may carry ``sourceEventSeqs`` (the events the message was made from: the chunks of a
+response, the ``tool/call`` a result answers); an event of a type a reader does not know is
+refused unless it is marked ``ignorable``.
 """
 
 from __future__ import annotations
@@ -14,26 +21,28 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar, cast
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-    from .results import ToolResult
+    from collections.abc import Callable, Iterable, Sequence
 
 T = TypeVar("T")
 
 __all__ = [
     "EVENT_TYPES",
     "JSON",
+    "KNOWN_EVENT_TYPES",
     "MAX_JSON_DEPTH",
+    "SURFACE_EVENT_TYPES",
     "EventDataError",
     "JSONObject",
     "SessionEvent",
+    "SurfaceOp",
+    "SurfaceReplace",
     "encode_data",
+    "envelope_problem",
     "json_depth",
     "on_fresh_stack",
-    "tool_result_data",
 ]
 
 JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
@@ -54,7 +63,55 @@ EVENT_TYPES: Final = frozenset(
         "turn/end",
     }
 )
-"""The event types this package writes and understands."""
+"""The event types this package writes."""
+
+KNOWN_EVENT_TYPES: Final = EVENT_TYPES | frozenset(
+    {
+        "agent-preset/selected",
+        "agent/inbox/spliced",
+        "approval/asked",
+        "approval/decided",
+        "approval/policy",
+        "command/done",
+        "command/run",
+        "compaction/end",
+        "compaction/prune",
+        "compaction/start",
+        "compaction/summary",
+        "feedback/record",
+        "goal/change",
+        "hook/invoked",
+        "hook/result",
+        "llm/retry",
+        "llm/retry-started",
+        "permission/preset",
+        "plan/mode",
+        "sandbox/mode",
+        "schedule/change",
+        "session/end-seed",
+        "session/title",
+        "session/title-llm-request",
+        "subagent/descriptor",
+        "team/member",
+        "team/message/delivered",
+        "team/message/queued",
+        "team/task",
+        "todo/write",
+        "tool-workflow/agent-end",
+        "tool-workflow/agent-start",
+        "tool-workflow/run-end",
+        "tool-workflow/run-start",
+        "tool/code-dispatch",
+        "tool/code-dispatch-start",
+        "web/deepseek-search-llm-request",
+    }
+)
+"""The 48 event types of the session format: a log may hold these; an event of any other type
+must be marked ``ignorable``, or the log is refused as unsupported."""
+
+SURFACE_EVENT_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/result"})
+"""The types whose events are messages of the transcript; only they carry ``surfaceOp`` and
+``sourceEventSeqs``."""
 
 MAX_JSON_DEPTH: Final = 64
 """How many levels of arrays and objects event data may nest; the data object is level 1.
@@ -75,7 +132,7 @@ _COUNTED_TEXT: Final = 4096
 _encoder: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 _decoder: Final = json.JSONDecoder()
 _encode_string: Final = json.encoder.encode_basestring_ascii
-_ENCODED_TYPES: Final = {event_type: _encode_string(event_type) for event_type in EVENT_TYPES}
+_ENCODED_TYPES: Final = {event_type: _encode_string(event_type) for event_type in KNOWN_EVENT_TYPES}
 _make_c_encoder: Final[Callable[..., Callable[[object, int], Iterable[str]]] | None] = getattr(
     json.encoder, "c_make_encoder", None
 )
@@ -129,6 +186,22 @@ class EventDataError(TypeError):
 
 
 @dataclass(frozen=True, slots=True)
+class SurfaceReplace:
+    """A surface operation that replaces the messages from seq *start* to *end* (inclusive)."""
+
+    start: int
+    end: int
+
+    def to_json(self) -> JSONObject:
+        return {"op": "replace", "start": self.start, "end": self.end}
+
+
+SurfaceOp: TypeAlias = 'Literal["append"] | SurfaceReplace'
+"""How a surface event changes the transcript: ``"append"`` (JSON ``"append"``), or a
+:class:`SurfaceReplace` (JSON ``{"op": "replace", "start": ..., "end": ...}``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionEvent:
     """One entry of a session's event log.
 
@@ -141,18 +214,108 @@ class SessionEvent:
     data: JSONObject
     data_json: str | None = field(default=None, repr=False, compare=False)
     """The canonical encoding of ``data`` when known (compact, ASCII, no NaN)."""
+    surface_op: SurfaceOp | None = None
+    """How a surface event changes the transcript; ``None`` on every other type."""
+    source_event_seqs: tuple[int, ...] | None = None
+    """The seqs of the events a surface event was made from, when known."""
+    ignorable: bool = False
+    """Whether a reader that does not know the event's type may go on without it."""
+    surface_op_first: bool = field(default=False, repr=False, compare=False)
+    """Whether ``surfaceOp`` is written before ``sourceEventSeqs``, as the original harness's
+    crash repair writes them (every other writer puts ``sourceEventSeqs`` first)."""
 
     def to_json(self) -> JSONObject:
-        """Return the envelope as a JSON object: ``type``, ``seq``, ``time``, ``data``."""
-        return {"type": self.type, "seq": self.seq, "time": self.time, "data": self.data}
+        """Return the envelope as a JSON object, with the keys :meth:`encode` writes."""
+        envelope: JSONObject = {
+            "type": self.type,
+            "seq": self.seq,
+            "time": self.time,
+            "data": self.data,
+        }
+        seqs: JSON = None if self.source_event_seqs is None else list(self.source_event_seqs)
+        op: JSON = (
+            self.surface_op
+            if isinstance(self.surface_op, (str, type(None)))
+            else (self.surface_op.to_json())
+        )
+        for key, value in (
+            (("surfaceOp", op), ("sourceEventSeqs", seqs))
+            if self.surface_op_first
+            else (("sourceEventSeqs", seqs), ("surfaceOp", op))
+        ):
+            if value is not None:
+                envelope[key] = value
+        if self.ignorable:
+            envelope["ignorable"] = True
+        return envelope
 
     def encode(self) -> str:
-        """Return the envelope as one line of compact JSON, without the newline."""
+        """Return the envelope as one line of compact JSON, without the newline.
+
+        The keys are ``type``, ``seq``, ``time``, ``data``, then those that are set of
+        ``sourceEventSeqs`` and ``surfaceOp`` (in the other order if
+        :attr:`surface_op_first`), then ``ignorable``.
+        """
         encoded_type = _ENCODED_TYPES.get(self.type) or _encode_string(self.type)
-        return (
+        head = (
             f'{{"type":{encoded_type},"seq":{self.seq},"time":{self.time},'
-            f'"data":{self.data_json or _encode(self.data)}}}'
+            f'"data":{self.data_json or _encode(self.data)}'
         )
+        if self.surface_op is None and self.source_event_seqs is None and not self.ignorable:
+            return head + "}"
+        return head + self._envelope_tail() + "}"
+
+    def _envelope_tail(self) -> str:
+        op = self.surface_op
+        encoded_op = (
+            ""
+            if op is None
+            else ',"surfaceOp":"append"'
+            if op == "append"
+            else f',"surfaceOp":{_encode(op.to_json())}'
+        )
+        seqs = self.source_event_seqs
+        encoded_seqs = "" if seqs is None else f',"sourceEventSeqs":[{",".join(map(str, seqs))}]'
+        tail = encoded_op + encoded_seqs if self.surface_op_first else encoded_seqs + encoded_op
+        return tail + ',"ignorable":true' if self.ignorable else tail
+
+
+def envelope_problem(
+    event_type: str,
+    seq: int,
+    surface_op: SurfaceOp | None,
+    source_event_seqs: Sequence[int] | None,
+) -> str | None:
+    """Why these envelope fields cannot go together, or ``None`` if they can.
+
+    Only a surface type carries a surface operation or source seqs; a replacement names a
+    range of earlier seqs; source seqs are distinct seqs of earlier events, and at least one
+    except on ``assistant/message`` (whose response may have streamed nothing).
+    """
+    if event_type not in SURFACE_EVENT_TYPES:
+        if surface_op is not None or source_event_seqs is not None:
+            surfaces = ", ".join(sorted(SURFACE_EVENT_TYPES))
+            return f"only {surfaces} events carry surfaceOp and sourceEventSeqs, not {event_type!r}"
+        return None
+    op: object = surface_op  # as a host may pass it
+    if isinstance(op, SurfaceReplace):
+        start, end = op.start, op.end
+        if not (_is_seq(start) and _is_seq(end) and start <= end < seq):
+            return f"surfaceOp replaces seqs {start!r} to {end!r}, not a range of earlier seqs"
+    elif op is not None and op != "append":
+        return f'surfaceOp is {op!r}, not "append" or a replacement'
+    if source_event_seqs is not None:
+        if not all(_is_seq(source) and source < seq for source in source_event_seqs):
+            return f"sourceEventSeqs {list(source_event_seqs)!r} are not all seqs of earlier events"
+        if len(set(source_event_seqs)) != len(source_event_seqs):
+            return f"sourceEventSeqs {list(source_event_seqs)!r} repeat a seq"
+        if not source_event_seqs and event_type != "assistant/message":
+            return f"sourceEventSeqs of a {event_type!r} event is empty"
+    return None
+
+
+def _is_seq(value: object) -> bool:
+    return type(value) is int and value >= 0
 
 
 def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
@@ -242,26 +405,3 @@ def _first_problem(value: object, path: str, parents: tuple[int, ...] = ()) -> s
                 return problem
         return None
     return f"{path} is of type {type(value).__name__}, which JSON cannot carry unchanged"
-
-
-def tool_result_data(turn: int, step: int, call_id: str, result: ToolResult) -> JSONObject:
-    """The data of the ``tool/result`` event that answers tool call *call_id* with *result*."""
-    block: JSONObject = {
-        "type": "tool-result",
-        "toolCallId": call_id,
-        "isError": result.is_error,
-        "content": [{"type": block.type, "text": block.text} for block in result.content],
-    }
-    data: JSONObject = {
-        "turn": turn,
-        "step": step,
-        "message": {
-            "id": f"tool-result-{call_id}",
-            "role": "user",
-            "source": {"kind": "tool", "callId": call_id},
-            "content": [block],
-        },
-    }
-    if result.error is not None and result.error.info is not None:
-        data["error"] = {"name": result.error.info.name, "code": result.error.info.code}
-    return data

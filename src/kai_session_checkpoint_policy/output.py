@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Final, TextIO
 
+from . import eventdata
+from .events import SurfaceReplace
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -107,24 +110,6 @@ def compact(value: JSON) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _texts(content: JSON) -> list[str]:
-    """The texts of a message's content blocks, nested tool-result blocks included."""
-    found: list[str] = []
-    if isinstance(content, list):
-        for block in content:
-            if isinstance(block, dict):
-                text = block.get("text")
-                if isinstance(text, str):
-                    found.append(text)
-                found += _texts(block.get("content"))
-    return found
-
-
-def _message(data: dict[str, JSON]) -> dict[str, JSON]:
-    message = data.get("message")
-    return message if isinstance(message, dict) else {}
-
-
 def _block(block: JSON) -> str:
     if not isinstance(block, dict):
         return compact(block)
@@ -158,8 +143,42 @@ def _chunk(chunk: dict[str, JSON]) -> str:
 
 
 def describe(event: SessionEvent) -> str:
-    """A one-line human summary of *event*'s data, :func:`printable`."""
-    return _shorten(_summary(event))
+    """A one-line human summary of *event*, :func:`printable`.
+
+    What the envelope says is shown too: the chunks a message was made from, the ``tool/call``
+    a result answers (``[<call id> of seq <n>]``), a replacement, an ignorable event.
+    """
+    notes = [note for note in (_sources(event), _surface(event)) if note]
+    if event.ignorable:
+        notes.append("ignorable")
+    summary = _summary(event)
+    return _shorten(f"({'; '.join(notes)}) {summary}" if notes else summary)
+
+
+def _seq_ranges(seqs: tuple[int, ...]) -> str:
+    """``5-16`` for ``5, 6, ..., 16``; ``3, 5`` for ``3, 5``."""
+    ranges: list[list[int]] = []
+    for seq in seqs:
+        if ranges and seq == ranges[-1][-1] + 1:
+            ranges[-1].append(seq)
+        else:
+            ranges.append([seq])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in ranges)
+
+
+def _sources(event: SessionEvent) -> str:
+    """The events a message was made from; a tool result names its call in its summary."""
+    seqs = event.source_event_seqs
+    if seqs is None or event.type == "tool/result":
+        return ""
+    if event.type == "assistant/message":
+        return f"from chunks {_seq_ranges(seqs)}" if seqs else "from no chunks"
+    return f"from seqs {_seq_ranges(seqs)}"
+
+
+def _surface(event: SessionEvent) -> str:
+    op = event.surface_op
+    return f"replaces seqs {op.start}-{op.end}" if isinstance(op, SurfaceReplace) else ""
 
 
 def _summary(event: SessionEvent) -> str:
@@ -178,7 +197,7 @@ def _summary(event: SessionEvent) -> str:
             text += f" ({error.get('message')})"
         return text
     if kind == "user/message":
-        return repr(" ".join(_texts(data.get("content"))))
+        return repr(" ".join(eventdata.texts_of(data.get("content"))))
     if kind == "request/header":
         header = data.get("header")
         config = header.get("config") if isinstance(header, dict) else None
@@ -189,10 +208,10 @@ def _summary(event: SessionEvent) -> str:
     if kind == "request/context":
         return f"{data.get('provider')}/{data.get('model')}"
     if kind == "assistant/chunk":
-        chunk = data.get("chunk")
-        return _chunk(chunk) if isinstance(chunk, dict) else compact(chunk)
+        chunk = eventdata.chunk_of(data)
+        return _chunk(chunk) if chunk is not None else compact(data.get("chunk"))
     if kind == "assistant/message":
-        content = _message(data).get("content")
+        content = eventdata.message_of(kind, data).get("content")
         parts: list[str] = []
         for block in content if isinstance(content, list) else []:
             if isinstance(block, dict) and block.get("type") == "tool-call":
@@ -203,19 +222,20 @@ def _summary(event: SessionEvent) -> str:
     if kind == "tool/call":
         return f"{data.get('name')}({data.get('arguments')}) [{data.get('callId')}]"
     if kind == "tool/result":
-        message = _message(data)
-        source = message.get("source")
-        call_id = source.get("callId") if isinstance(source, dict) else "?"
-        error = data.get("error")
+        message = eventdata.message_of(kind, data)
+        call_id = eventdata.result_call_id(data) or "?"
+        if event.source_event_seqs:
+            call_id += f" of seq {_seq_ranges(event.source_event_seqs)}"
+        failure = eventdata.error_of(data)
         status = "ok"
-        if isinstance(error, dict):
-            status = f"error {error.get('code')}"
+        if failure is not None:
+            status = f"error {failure['code']}"
         else:
             content = message.get("content")
             blocks = content if isinstance(content, list) else []
             if any(isinstance(block, dict) and block.get("isError") for block in blocks):
                 status = "error"
-        return f"[{call_id}] {status}: {' '.join(_texts(message.get('content')))}"
+        return f"[{call_id}] {status}: {' '.join(eventdata.texts_of(message.get('content')))}"
     return compact(data)
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .. import eventdata
 from ..cancellation import current_asyncio_task
 from ..contract import (
     BlockEnd,
@@ -36,7 +37,7 @@ from ..contract import (
     ToolCallDelta,
     Usage,
 )
-from ..events import tool_result_data
+from ..events import SURFACE_EVENT_TYPES
 from ..hookspecs import hookimpl
 from ..results import aborted_before_dispatch, outcome_unknown
 from .signals import AbortController, AbortSignal
@@ -132,7 +133,7 @@ class Agent:
         tool_signal = signal._following(current_asyncio_task())
         session = self.session
         turn = 1 + sum(event.type == "turn/start" for event in session.events)
-        session.append("turn/start", {"turn": turn})
+        session.append("turn/start", eventdata.turn_start(turn))
         reason: JSONObject = {"kind": "error", "error": {"message": "turn did not finish"}}
         outcome_text, error = "", None
         try:
@@ -141,16 +142,17 @@ class Agent:
                 if decision.kind == "reject":
                     reason = {"kind": "blocked", "reason": decision.reason}
                     break
-                session.append("step/start", {"turn": turn, "step": step})
+                session.append("step/start", eventdata.step_data(turn, step))
                 calls = _StepCalls(session, turn, step)
                 try:
                     if step == 1:
-                        session.append("user/message", _user_message(turn, text))
+                        message = eventdata.user_message(f"user-{turn}", text)
+                        session.append("user/message", message)
                     outcome_text, requested = await self._request(turn, step, calls)
                     await self._run_tools(requested, tool_signal, calls)
                 finally:
                     calls.close()
-                    session.append("step/end", {"turn": turn, "step": step})
+                    session.append("step/end", eventdata.step_data(turn, step))
                 if signal.aborted:
                     reason = {"kind": "aborted", "reason": signal.reason}
                     break
@@ -166,7 +168,7 @@ class Agent:
             reason = {"kind": "aborted", "reason": "cancelled"}
             raise
         finally:
-            session.append("turn/end", {"turn": turn, "reason": reason})
+            session.append("turn/end", eventdata.turn_end(turn, reason))
         return TurnOutcome(turn, reason, outcome_text, error)
 
     async def _request(
@@ -175,13 +177,10 @@ class Agent:
         session = self.session
         if not self._announced_route:
             has_header = any(event.type == "request/header" for event in session.events)
-            route = {"provider": self.provider, "model": self.model}
-            header = {"config": route, "tools": list(self.host.tools.names())}
-            session.append(
-                "request/header",
-                {"header": header, "reason": "resume" if has_header else "initial"},
-            )
-            session.append("request/context", route)
+            tools = self.host.tools.names()
+            header = eventdata.request_header(self.provider, self.model, tools, resumed=has_header)
+            session.append("request/header", header)
+            session.append("request/context", eventdata.request_context(self.provider, self.model))
             self._announced_route = True
         request = LlmRequest(
             self.provider,
@@ -191,23 +190,22 @@ class Agent:
             session_id=session.id,
         )
         response = _Response()
+        chunks: list[int] = []  # the seqs of the response's chunks, which its message cites
         async with aclosing(self.host.llm.stream(request)) as stream:
             async for chunk in stream:
-                session.append(
-                    "assistant/chunk", {"turn": turn, "step": step, "chunk": chunk.to_json()}
-                )
+                data = eventdata.assistant_chunk(turn, step, chunk.to_json())
+                chunks.append(session.append("assistant/chunk", data).seq)
                 if response.add(chunk):
                     break
-        message: JSONObject = {
-            "id": f"assistant-{turn}-{step}",
-            "role": "assistant",
-            "content": response.content(),
-            "source": {"kind": "model", "provider": self.provider, "model": self.model},
-        }
-        data: JSONObject = {"turn": turn, "step": step, "message": message}
-        if response.usage is not None:
-            data["usage"] = response.usage
-        session.append("assistant/message", data)
+        message = eventdata.assistant_message(
+            turn,
+            step,
+            response.content(),
+            provider=self.provider,
+            model=self.model,
+            usage=response.usage,
+        )
+        session.append("assistant/message", message, source_event_seqs=chunks)
         calls = response.tool_calls()
         step_calls.asked(calls)
         return response.text(), calls
@@ -268,7 +266,7 @@ class _StepCalls:
     happened). So every call ends with exactly one ``tool/result``, on every path.
     """
 
-    __slots__ = ("_executions", "_open", "_results", "_session", "_step", "_turn")
+    __slots__ = ("_call_seqs", "_executions", "_open", "_results", "_session", "_step", "_turn")
 
     def __init__(self, session: Session, turn: int, step: int) -> None:
         self._session = session
@@ -276,6 +274,7 @@ class _StepCalls:
         self._step = step
         self._open: list[str] = []  # unanswered call ids, in model order
         self._executions: dict[str, ToolExecution] = {}  # calls with a tool/call
+        self._call_seqs: dict[str, int] = {}  # the seq of each call's tool/call
         self._results: dict[str, ToolResult] = {}  # calls that finished, not yet answered
 
     def asked(self, calls: Iterable[ToolCall]) -> None:
@@ -283,16 +282,8 @@ class _StepCalls:
 
     def started(self, call: ToolCall, execution: ToolExecution) -> ToolExecution:
         """Append the ``tool/call`` of *call*, about to be dispatched as *execution*."""
-        self._session.append(
-            "tool/call",
-            {
-                "turn": self._turn,
-                "step": self._step,
-                "callId": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-            },
-        )
+        data = eventdata.tool_call(self._turn, self._step, call.id, call.name, call.arguments)
+        self._call_seqs[call.id] = self._session.append("tool/call", data).seq
         self._executions[execution.call_id] = execution
         return execution
 
@@ -315,9 +306,13 @@ class _StepCalls:
             self._answer(call_id, result)
 
     def _answer(self, call_id: str, result: ToolResult) -> None:
+        """Append the ``tool/result`` of *call_id*, citing its ``tool/call`` if it has one."""
         self._open.remove(call_id)
+        call_seq = self._call_seqs.get(call_id)
         self._session.append(
-            "tool/result", tool_result_data(self._turn, self._step, call_id, result)
+            "tool/result",
+            eventdata.tool_result(self._turn, self._step, call_id, result),
+            source_event_seqs=None if call_seq is None else (call_seq,),
         )
 
 
@@ -394,26 +389,13 @@ class _Response:
         ]
 
 
-def _user_message(turn: int, text: str) -> JSONObject:
-    return {
-        "id": f"user-{turn}",
-        "role": "user",
-        "content": [{"type": "text", "text": text}],
-        "source": {"kind": "prompt"},
-    }
-
-
 def _transcript(session: Session) -> tuple[JSONObject, ...]:
     """The messages a model sees: every user, assistant and tool-result message, in order."""
-    messages: list[JSONObject] = []
-    for event in session.events:
-        if event.type == "user/message":
-            messages.append(event.data)
-        elif event.type in ("assistant/message", "tool/result"):
-            message = event.data["message"]
-            assert isinstance(message, dict)
-            messages.append(message)
-    return tuple(messages)
+    return tuple(
+        eventdata.message_of(event.type, event.data)
+        for event in session.events
+        if event.type in SURFACE_EVENT_TYPES
+    )
 
 
 def _parse_arguments(raw: str) -> JSON:

@@ -10,12 +10,19 @@ import anyio
 
 from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
-from ..events import SessionEvent, encode_data
+from ..events import (
+    KNOWN_EVENT_TYPES,
+    SURFACE_EVENT_TYPES,
+    SessionEvent,
+    encode_data,
+    envelope_problem,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from ..contract import SessionPersistenceLike
+    from ..events import SurfaceOp
     from ..hookspecs import FlushThunk
     from ._hooks import HostHooks
 
@@ -102,14 +109,59 @@ class Session:
         """A snapshot of the log."""
         return tuple(self._log)
 
-    def append(self, event_type: str, data: object) -> SessionEvent:
+    def append(
+        self,
+        event_type: str,
+        data: object,
+        *,
+        surface_op: SurfaceOp | None = None,
+        source_event_seqs: Sequence[int] | None = None,
+        ignorable: bool = False,
+    ) -> SessionEvent:
         """Append an event and announce it; return the committed event.
 
+        :param surface_op: How a surface event (``user/message``, ``assistant/message``,
+            ``tool/result``) changes the transcript; ``"append"`` unless given. Other types
+            have none.
+        :param source_event_seqs: The seqs of the earlier events a surface event was made
+            from (the chunks of a response, the ``tool/call`` a result answers).
+        :param ignorable: Whether a reader that does not know *event_type* may skip the
+            event. An event of a type that is not one of
+            :data:`~kai_session_checkpoint_policy.events.KNOWN_EVENT_TYPES` must be, or no
+            reader could read the log.
         :raises EventDataError: if *data* is not a lossless JSON object; nothing is appended.
+        :raises SessionError: if the type is unknown and the event not ignorable, or the
+            surface fields do not fit the event; nothing is appended.
         """
         _require_name("an event type", event_type)
-        copy, encoded = encode_data(event_type, data)
-        event = SessionEvent(event_type, len(self._log), self._clock(), copy, encoded)
+        seq = len(self._log)
+        if (
+            surface_op is None
+            and source_event_seqs is None
+            and ignorable is False
+            and (event_type in KNOWN_EVENT_TYPES)
+        ):  # the fast path: no envelope field to check
+            copy, encoded = encode_data(event_type, data)
+            surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
+            event = SessionEvent(event_type, seq, self._clock(), copy, encoded, surface)
+        else:
+            sources = None if source_event_seqs is None else tuple(source_event_seqs)
+            if event_type in SURFACE_EVENT_TYPES and surface_op is None:
+                surface_op = "append"
+            if type(ignorable) is not bool:
+                raise SessionError(f"ignorable must be True or False, not {ignorable!r}")
+            if not ignorable and event_type not in KNOWN_EVENT_TYPES:
+                raise SessionError(
+                    f"{event_type!r} is not an event type of the session format: append it "
+                    "with ignorable=True, so that readers that do not know it can skip it"
+                )
+            problem = envelope_problem(event_type, seq, surface_op, sources)
+            if problem is not None:
+                raise SessionError(f"session {self.id!r}, seq {seq}: {problem}")
+            copy, encoded = encode_data(event_type, data)
+            event = SessionEvent(
+                event_type, seq, self._clock(), copy, encoded, surface_op, sources, ignorable
+            )
         self._log.append(event)
         if self._on_append is not None:
             self._on_append(self, event)

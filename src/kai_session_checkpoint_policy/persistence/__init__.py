@@ -19,17 +19,25 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .files import LockedError, OsFiles
-from .format import FORMAT, FORMAT_VERSION, SessionHeader, decode_session_id, encode_session_id
+from .format import (
+    FORMAT_VERSION,
+    Compression,
+    RecordError,
+    SessionHeader,
+    decode_event,
+    decode_session_id,
+    encode_session_id,
+)
 from .jsonl import JsonlSessionPersistence, JsonlStatistics, SessionListing, SessionProblem
 from .repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, interrupted_turn_closers
 from .service import SessionPersistence
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
-    "FORMAT",
     "FORMAT_VERSION",
     "NOT_STARTED_TEXT",
     "OUTCOME_UNKNOWN_TEXT",
+    "Compression",
     "CorruptLogError",
     "InvalidSessionIdError",
     "JsonlSessionPersistence",
@@ -41,6 +49,7 @@ __all__ = [
     "OsFiles",
     "PersistenceError",
     "PersistenceStatistics",
+    "RecordError",
     "RollbackError",
     "SeqMismatchError",
     "SessionHeader",
@@ -52,6 +61,7 @@ __all__ = [
     "StoredLog",
     "UnsupportedFormatError",
     "WriteBehind",
+    "decode_event",
     "decode_session_id",
     "encode_session_id",
     "interrupted_turn_closers",

@@ -35,17 +35,35 @@ class SessionNotFoundError(PersistenceError, LookupError):
 
 
 class CorruptLogError(PersistenceError):
-    """A log is damaged inside its committed region; nothing was changed."""
+    """A log is damaged inside its committed region; nothing was changed.
 
-    def __init__(self, path: Path, line: int, problem: str) -> None:
-        super().__init__(f"corrupt session log {path}, line {line}: {problem}")
+    ``line`` is the damaged line (of the decompressed text, in a compressed log), or ``None``
+    when the damage is a frame of a compressed log, which starts at ``byte``. ``seq`` is the
+    seq of the first event that could not be read (the events before it are intact), when
+    known.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        line: int | None,
+        problem: str,
+        *,
+        seq: int | None = None,
+        byte: int | None = None,
+    ) -> None:
+        where = f"line {line}" if line is not None else f"byte {byte}"
+        super().__init__(f"corrupt session log {path}, {where}: {problem}")
         self.path = path
         self.line = line
         self.problem = problem
+        self.seq = seq
+        self.byte = byte
 
 
 class UnsupportedFormatError(PersistenceError):
-    """A log is intact but written in a format version this release does not read."""
+    """A log this release does not read, though it may be intact: another format version, an
+    event type it does not know, or a file that is not a session log at all."""
 
 
 class NotARegularFileError(PersistenceError):

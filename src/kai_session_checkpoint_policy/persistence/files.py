@@ -191,6 +191,27 @@ class OsFiles:
         finally:
             os.close(fd)
 
+    def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
+        """Read the first *limit* bytes (fewer if the file is shorter) of a regular file."""
+        fd = _open_file(path, os.O_RDONLY)
+        try:
+            data = b""
+            while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
+                data += chunk
+            return data
+        finally:
+            os.close(fd)
+
+    def rename(self, source: Path, target: Path) -> None:
+        """Rename *source* to *target* in the same directory, durably (the directory fsynced).
+
+        :raises FileExistsError: if *target* exists.
+        """
+        if target.exists() or target.is_symlink():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+        os.rename(source, target)
+        self.fsync_dir(target.parent)
+
     # -- appending ----------------------------------------------------------------------------
 
     def open_append(self, path: Path) -> int:

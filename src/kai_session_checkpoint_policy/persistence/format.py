@@ -1,32 +1,39 @@
-"""The JSONL session log format.
+"""The session log format, shared with the original harness: layout, records, compression.
 
 Layout under the root directory::
 
-    <root>/                         mode 0700
-      <escaped session id>/         mode 0700, one directory per session
-        session.jsonl               mode 0600, the log
-        session.lock                mode 0600, held (flock) by the one process writing the log
-        session.jsonl.torn-<offset> bytes cut from a torn tail by recovery, kept for inspection
+    <root>/                                   mode 0700
+      _no-cwd/                                sessions without a working directory
+        <escaped session id>/                 mode 0700, one directory per session
+          session.jsonl | session.jsonl.zstd  mode 0600, the log (plain, or compressed)
+          session.lock                        held (flock) by the one process writing it
+          session.jsonl.torn-<offset>         bytes recovery cut off a torn tail, kept
+      --<project key>--/                      sessions whose header has a working directory
+        <escaped session id>/ ...
 
-``session.jsonl`` is UTF-8 text, one JSON object per line, every line ending in ``\\n``::
+A session id is escaped one UTF-16 unit at a time: ASCII letters, digits, ``.``, ``_`` and
+``-`` stay as they are, every other unit (``~`` included) becomes ``~`` and four upper-case hex
+digits; the ids ``.`` and ``..`` are escaped whole. A working directory becomes a project key
+the same way, with each run of ``/``, ``\\`` and ``:`` written as one ``-``.
 
-    {"format":"kai-session","version":1,"id":"<session id>","createdAt":<epoch ms>}
-    {"type":"<event type>","seq":0,"time":<epoch ms>,"data":{...}}
-    {"type":"<event type>","seq":1,"time":<epoch ms>,"data":{...}}
-    ...
+The log is UTF-8 JSON text, one record per line, every line ending in ``\\n``: first the header
+``{"type":"session","version":0,"id":...,"createdAt":...,"delegationDepth":0}``, then one line
+per event (``type``, ``seq``, ``time``, ``data``, and ``sourceEventSeqs``, ``surfaceOp`` and
+``ignorable`` where they are set) or per *packed row*: three or more consecutive text,
+reasoning or tool-argument deltas of one block, written as one ``text-chunks``,
+``reasoning-chunks`` or ``tool-call-chunks`` record. Compressed, the file is a sequence of
+independent, checksummed Zstandard frames: the header line alone, then one frame per batch.
 
-The first line is the header; the event on line ``n`` (1-based) has ``seq == n - 2``. Times
-are integers from 0 to :data:`MAX_TIME`; numbers are finite; data nests at most
-:data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels. The file is created with
-its header and first batch at once (temporary file, fsync, hard link, directory fsync); every
-later batch is appended with one write and one fsync. A crash can therefore leave only a *torn
-tail*: bytes at the end that are not a complete record (a final fragment without its newline,
-or damaged lines none of which is a JSON object). Anything else that is not the event expected
-next, wherever it is, is corruption.
+Events are read with :func:`decode_event` (one record) and :func:`scan_log` (a whole log); both
+refuse a record that is not the event expected, naming why: another envelope, a seq out of
+order, a time outside 0 to :data:`MAX_TIME`, a number that is not finite, data nested deeper
+than :data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH`, an event type this release
+does not know (unless the event is marked ``ignorable``: then it is kept as it is).
 
-Session ids are escaped into directory names: ASCII letters, digits, ``_``, ``-`` and ``.`` stay
-as they are; every other character becomes ``~`` and two hex digits per UTF-8 byte. A name made
-only of dots is escaped entirely, so no id can name ``.``, ``..`` or a path outside the root.
+Logs in this project's earlier format (header ``{"format":"kai-session","version":1,...}``,
+stored at ``<root>/<id escaped per UTF-8 byte as ~XX>/session.jsonl``, events with exactly the
+four keys) are read too: their surface events read with ``surfaceOp`` ``"append"`` and their
+events of other types as ``ignorable``, as the current format writes them.
 """
 
 from __future__ import annotations
@@ -35,47 +42,109 @@ import gc
 import json
 import math
 import re
+import struct
+import sys
+import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from itertools import groupby, pairwise
 from operator import itemgetter
-from typing import TYPE_CHECKING, Final, NoReturn, cast
+from typing import TYPE_CHECKING, Final, Literal, NoReturn, TypeAlias, cast
 
-from ..events import EVENT_TYPES, MAX_JSON_DEPTH, SessionEvent, json_depth, on_fresh_stack
+from ..events import (
+    JSON,
+    KNOWN_EVENT_TYPES,
+    MAX_JSON_DEPTH,
+    SURFACE_EVENT_TYPES,
+    JSONObject,
+    SessionEvent,
+    SurfaceOp,
+    SurfaceReplace,
+    envelope_problem,
+    json_depth,
+    on_fresh_stack,
+)
 from .errors import CorruptLogError, InvalidSessionIdError, UnsupportedFormatError
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from pathlib import Path
 
 __all__ = [
-    "FORMAT",
+    "COMPRESSIONS",
+    "EARLIER_FORMAT",
+    "EARLIER_FORMAT_VERSION",
     "FORMAT_VERSION",
     "LOCK_NAME",
     "LOG_NAME",
     "MAX_TIME",
+    "NO_CWD",
+    "ZSTD_LOG_NAME",
+    "Compression",
+    "RecordError",
     "Scan",
     "SessionHeader",
+    "decode_event",
     "decode_session_id",
+    "earlier_directory",
     "encode_events",
     "encode_header",
     "encode_session_id",
+    "log_name",
+    "project_directory",
+    "read_header",
+    "salvage",
     "scan_log",
 ]
 
-FORMAT: Final = "kai-session"
-FORMAT_VERSION: Final = 1
+Compression: TypeAlias = Literal["none", "zstd"]
+COMPRESSIONS: Final[tuple[Compression, ...]] = ("none", "zstd")
+
+FORMAT_VERSION: Final = 0
+"""The format version the header names (the original harness's)."""
+EARLIER_FORMAT: Final = "kai-session"
+EARLIER_FORMAT_VERSION: Final = 1
+"""The ``format`` and ``version`` of this project's earlier header, which is read, not written."""
+NO_CWD: Final = "_no-cwd"
+"""The project directory of the sessions without a working directory."""
 LOG_NAME: Final = "session.jsonl"
+ZSTD_LOG_NAME: Final = "session.jsonl.zstd"
 LOCK_NAME: Final = "session.lock"
-MAX_ESCAPED_ID: Final = 200
-"""The longest escaped id, in bytes, kept well below the 255 bytes a file name may have."""
+MAX_ESCAPED_ID: Final = 255
+"""The longest escaped id: the longest name a directory may have."""
+MAX_PROJECT_KEY: Final = 251
 MAX_TIME: Final = 253_402_300_799_999
 """The latest time a log may hold, in epoch milliseconds: the end of the year 9999 (UTC), the
 last moment :class:`datetime.datetime` can show."""
 
 _SAFE: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
+_SAFE_ID: Final = re.compile(r"[A-Za-z0-9._-]+")
+_SEPARATORS: Final = frozenset(b"/\\:")
+_UNIT_ESCAPE: Final = re.compile(r"~([0-9A-F]{4})|(.)", re.DOTALL)
+_BYTE_ESCAPE: Final = re.compile(r"~([0-9A-F]{2})")
 _ENVELOPE: Final = frozenset({"type", "seq", "time", "data"})
+_ENVELOPE_KEYS: Final = _ENVELOPE | {"surfaceOp", "sourceEventSeqs", "ignorable"}
+_ROW_ENVELOPE: Final = frozenset({"type", "seq0", "time0", "data"})
+_ROW_TAGS: Final = {
+    "text-chunks": "text-delta",
+    "reasoning-chunks": "reasoning-delta",
+    "tool-call-chunks": "tool-call-delta",
+}
+_ROW_OF: Final = {kind: tag for tag, kind in _ROW_TAGS.items()}
+_TEXT_ROW_KEYS: Final = frozenset({"turn", "step", "index", "dt", "texts"})
+_CALL_ROW_KEYS: Final = frozenset({"turn", "step", "index", "dt", "id", "args"})
+_CHUNK_DATA_KEYS: Final = ("turn", "step", "chunk")
+_TEXT_CHUNK_KEYS: Final = ("type", "index", "text")
+_CALL_CHUNK_KEYS: Final = ("type", "index", "id", "argumentsDelta")
+_NAMED_CALL_CHUNK_KEYS: Final = ("type", "index", "id", "name", "argumentsDelta")
+_MIN_RUN: Final = 3
+"""How many consecutive deltas of one block are packed into a row."""
 _BULK_BYTES: Final = 1 << 16
 """About how many bytes of complete lines :func:`_decode_lines` decodes in one call."""
 _LINE_DEPTH: Final = MAX_JSON_DEPTH + 1
@@ -85,17 +154,33 @@ _NOT_OPENER_OR_NEWLINE: Final = bytes(set(range(256)) - set(b"[{\n"))
 _TOO_MANY_OPENERS: Final = b"[" * (_LINE_DEPTH + 1)
 """Lines translated to their opening brackets hold this if one could nest too deep."""
 _TIME_RANGE: Final = f"an integer from 0 to {MAX_TIME} (epoch milliseconds up to the year 9999)"
-_EVENT_TYPES: Final = {event_type: event_type for event_type in EVENT_TYPES}
+_EVENT_TYPES: Final = {event_type: event_type for event_type in KNOWN_EVENT_TYPES}
 """One shared copy of each known event type, instead of one string per loaded event."""
+_RETIRED_HEADER_KEYS: Final = ("sandboxMode", "approvalPolicy")
+_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+_CHECKSUM_FLAG: Final = 0x04
 
 
 @dataclass(frozen=True, slots=True)
 class SessionHeader:
-    """The first line of a session log."""
+    """The first record of a session log.
+
+    ``cwd`` is the session's working directory (it chooses the project directory of the
+    layout); ``parent_session``, ``seed_length``, ``origin`` and ``agent_preset`` are kept as a
+    log of the original harness has them. ``earlier_format`` tells a log in this project's
+    earlier format (``version`` 1).
+    """
 
     id: str
     created_at: int
     version: int = FORMAT_VERSION
+    cwd: str | None = None
+    delegation_depth: int = 0
+    parent_session: str | None = None
+    seed_length: int | None = None
+    origin: str | None = None
+    agent_preset: str | None = None
+    earlier_format: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +188,42 @@ class Scan:
     """What a log holds: its header, the valid events, and where the committed bytes end.
 
     ``torn`` holds the bytes after ``committed_bytes``: a torn tail that recovery cuts off.
+    The last ``salvaged`` events were read from it (the complete records of a torn final
+    Zstandard frame): recovery writes them again after the cut.
     """
 
     header: SessionHeader
     events: tuple[SessionEvent, ...]
     committed_bytes: int
     torn: bytes
+    salvaged: int = 0
+
+
+class RecordError(ValueError):
+    """A record that is not the event expected: why, and whether it is a complete record.
+
+    A *complete* record (a JSON object, or a line nested too deep to decode) was written whole:
+    it is never a torn tail. An *unsupported* one is an event of a type this release does not
+    know, not marked ``ignorable``.
+    """
+
+    def __init__(self, problem: str, *, complete: bool, unsupported: bool = False) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.complete = complete
+        self.unsupported = unsupported
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+def _units(text: str) -> tuple[int, ...]:
+    raw = text.encode("utf-16-le", "surrogatepass")
+    return struct.unpack(f"<{len(raw) // 2}H", raw)
+
+
+def _escape_unit(unit: int) -> str:
+    return chr(unit) if unit in _SAFE else f"~{unit:04X}"
 
 
 def encode_session_id(session_id: str) -> str:
@@ -119,11 +234,12 @@ def encode_session_id(session_id: str) -> str:
     checked: object = session_id
     if not isinstance(checked, str) or not checked:
         raise InvalidSessionIdError(f"a session id must be a non-empty string, not {checked!r}")
-    raw = session_id.encode("utf-8", "surrogatepass")
-    if raw.strip(b".") == b"":
-        escaped = "".join(f"~{byte:02X}" for byte in raw)
+    if session_id in (".", ".."):
+        escaped = "~002E" * len(session_id)
+    elif _SAFE_ID.fullmatch(session_id):
+        escaped = session_id
     else:
-        escaped = "".join(chr(byte) if byte in _SAFE else f"~{byte:02X}" for byte in raw)
+        escaped = "".join(map(_escape_unit, _units(session_id)))
     if len(escaped) > MAX_ESCAPED_ID:
         raise InvalidSessionIdError(
             f"session id is too long: {len(escaped)} bytes once escaped, "
@@ -134,55 +250,299 @@ def encode_session_id(session_id: str) -> str:
 
 def decode_session_id(name: str) -> str:
     """Invert :func:`encode_session_id`."""
-    raw = _ESCAPE.sub(lambda match: chr(int(match.group(1), 16)), name).encode("latin-1")
+    units = [
+        int(escape, 16) if escape else ord(literal)
+        for escape, literal in _UNIT_ESCAPE.findall(name)
+    ]
+    return struct.pack(f"<{len(units)}H", *units).decode("utf-16-le", "surrogatepass")
+
+
+def project_directory(cwd: str | None) -> str:
+    """The project directory of a session whose working directory is *cwd* (or none).
+
+    :raises InvalidSessionIdError: if *cwd* is empty.
+    """
+    if cwd is None:
+        return NO_CWD
+    if not cwd:
+        raise InvalidSessionIdError("a working directory must be a non-empty path")
+    parts: list[str] = []
+    separated = False
+    for unit in _units(cwd):
+        if unit in _SEPARATORS:
+            if not separated:
+                parts.append("-")
+            separated = True
+        else:
+            parts.append(_escape_unit(unit))
+            separated = False
+    key = "".join(parts).lstrip("-") or "root"
+    return f"--{key[:MAX_PROJECT_KEY]}--"
+
+
+def earlier_directory(session_id: str) -> str:
+    """The directory of *session_id* in this project's earlier layout (``~XX`` per byte)."""
+    raw = session_id.encode("utf-8", "surrogatepass")
+    if raw.strip(b".") == b"":
+        return "".join(f"~{byte:02X}" for byte in raw)
+    return "".join(chr(byte) if byte in _SAFE else f"~{byte:02X}" for byte in raw)
+
+
+def decode_earlier_directory(name: str) -> str:
+    """Invert :func:`earlier_directory`."""
+    raw = _BYTE_ESCAPE.sub(lambda match: chr(int(match.group(1), 16)), name).encode("latin-1")
     return raw.decode("utf-8", "surrogatepass")
 
 
+def log_name(compression: Compression) -> str:
+    """The name of a log file: ``session.jsonl``, or ``session.jsonl.zstd`` compressed."""
+    return ZSTD_LOG_NAME if compression == "zstd" else LOG_NAME
+
+
+# -- the header ---------------------------------------------------------------------------------
+
+
+_encode_string: Final = json.encoder.encode_basestring_ascii
+
+
 def encode_header(header: SessionHeader) -> bytes:
-    line = {
-        "format": FORMAT,
+    """The header line, ending in a newline, with the keys in the original harness's order."""
+    line: JSONObject = {
+        "type": "session",
         "version": header.version,
         "id": header.id,
         "createdAt": header.created_at,
     }
+    for key, value in (
+        ("cwd", header.cwd),
+        ("parentSession", header.parent_session),
+        ("seedLength", header.seed_length),
+        ("origin", header.origin),
+    ):
+        if value is not None:
+            line[key] = value
+    line["delegationDepth"] = header.delegation_depth
+    if header.agent_preset is not None:
+        line["agentPreset"] = header.agent_preset
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+
+
+def _not_a_session_log(path: Path, why: str) -> NoReturn:
+    raise UnsupportedFormatError(f"{path} is not a session log: {why}")
 
 
 def _decode_header(line: bytes, path: Path, *, fresh_stack: bool) -> SessionHeader:
     try:
         record = json.loads(line)
     except ValueError:
-        record = None
+        raise CorruptLogError(path, 1, "the header line is not valid JSON") from None
     except RecursionError:
         if not fresh_stack:
             raise
-        record = None  # too deep for a whole stack
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise CorruptLogError(path, 1, "the first line is not a kai-session header")
+        raise CorruptLogError(path, 1, "the header line is nested too deep") from None
+    if isinstance(record, dict) and record.get("format") == EARLIER_FORMAT:
+        return _decode_earlier_header(record, path)
+    if not isinstance(record, dict) or record.get("type") != "session":
+        _not_a_session_log(path, "its first line is not a session header")
     version = record.get("version")
-    if type(version) is int and version > FORMAT_VERSION:
+    if isinstance(version, (int, float)) and not isinstance(version, bool):
+        if version > FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{path} was written in session format version {version}, newer than version "
+                f"{FORMAT_VERSION} which this release reads; upgrade kai-session-checkpoint-policy"
+            )
+        if version != FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{path} has session format version {version}, older than version "
+                f"{FORMAT_VERSION}, the only one this release reads"
+            )
+    else:
+        raise CorruptLogError(path, 1, "the header's version is not a number")
+    retired = [key for key in _RETIRED_HEADER_KEYS if key in record]
+    if retired:
+        raise UnsupportedFormatError(
+            f"{path} has a header with the retired fields {', '.join(retired)}; this release "
+            "does not read it"
+        )
+
+    def field(key: str, kind: str) -> object:
+        value = record.get(key)
+        if value is None and key in record:
+            raise CorruptLogError(path, 1, f"the header's {key} is null")
+        if value is not None and not _HEADER_CHECKS[kind](value):
+            raise CorruptLogError(path, 1, f"the header's {key} is not {kind}")
+        return value
+
+    session_id = field("id", "a non-empty string")
+    created_at = field("createdAt", _TIME_RANGE)
+    depth = field("delegationDepth", "a non-negative integer")
+    if session_id is None:
+        raise CorruptLogError(path, 1, "the header has no session id")
+    if created_at is None:
+        raise CorruptLogError(path, 1, f"the header's createdAt is not {_TIME_RANGE}")
+    if depth is None:
+        raise CorruptLogError(path, 1, "the header has no delegationDepth")
+    cwd = field("cwd", "an absolute path")
+    origin = record.get("origin")
+    if origin is not None and origin != "subagent":
+        raise CorruptLogError(path, 1, f'the header\'s origin is {origin!r}, not "subagent"')
+    return SessionHeader(
+        cast("str", session_id),
+        cast("int", created_at),
+        FORMAT_VERSION,
+        cast("str | None", cwd),
+        cast("int", depth),
+        cast("str | None", field("parentSession", "a string")),
+        cast("int | None", field("seedLength", "a non-negative integer")),
+        cast("str | None", origin),
+        cast("str | None", field("agentPreset", "a string")),
+    )
+
+
+_HEADER_CHECKS: Final = {
+    "a non-empty string": lambda value: isinstance(value, str) and bool(value),
+    "a string": lambda value: isinstance(value, str),
+    "an absolute path": lambda value: isinstance(value, str) and value.startswith("/"),
+    "a non-negative integer": lambda value: type(value) is int and value >= 0,
+    _TIME_RANGE: lambda value: type(value) is int and 0 <= value <= MAX_TIME,
+}
+
+
+def _decode_earlier_header(record: JSONObject, path: Path) -> SessionHeader:
+    version = record.get("version")
+    if type(version) is int and version > EARLIER_FORMAT_VERSION:
         raise UnsupportedFormatError(
             f"{path} was written in session format version {version}, newer than version "
-            f"{FORMAT_VERSION} which this release reads; upgrade kai-session-checkpoint-policy"
+            f"{EARLIER_FORMAT_VERSION} which this release reads; upgrade "
+            "kai-session-checkpoint-policy"
         )
-    if version != FORMAT_VERSION:
+    if version != EARLIER_FORMAT_VERSION:
         raise UnsupportedFormatError(
-            f"{path} has session format version {version!r}; this release reads only "
-            f"version {FORMAT_VERSION}"
+            f"{path} has session format version {version!r}; this release reads only version "
+            f"{EARLIER_FORMAT_VERSION} of the kai-session format"
         )
     session_id, created_at = record.get("id"), record.get("createdAt")
     if not isinstance(session_id, str) or not session_id:
         raise CorruptLogError(path, 1, "the header has no session id")
     if type(created_at) is not int or not 0 <= created_at <= MAX_TIME:
         raise CorruptLogError(path, 1, f"the header's createdAt is not {_TIME_RANGE}")
-    return SessionHeader(session_id, created_at, version)
+    return SessionHeader(session_id, created_at, EARLIER_FORMAT_VERSION, earlier_format=True)
 
 
-def encode_events(events: Sequence[SessionEvent]) -> bytes:
-    """The log lines of *events*, each ending in a newline; nothing for no events."""
+# -- writing events -----------------------------------------------------------------------------
+
+
+_RunKey: TypeAlias = "tuple[str, int, int, int, str, str | None]"
+"""What the deltas of one run share: kind, turn, step, index, call id and tool name."""
+
+
+def _run_key(event: SessionEvent) -> _RunKey | None:
+    """What *event* shares with the deltas it may be packed with, or ``None`` if it is none.
+
+    Only a plain text, reasoning or tool-argument delta is packed: an ``assistant/chunk`` with
+    no other envelope field, whose data and chunk have exactly the keys (in the order) the
+    agent writes and integer turn, step and index, so that a row reads back as the events
+    that went into it, byte for byte.
+    """
+    if (
+        event.type != "assistant/chunk"
+        or event.surface_op is not None
+        or event.source_event_seqs is not None
+        or event.ignorable
+    ):
+        return None
+    data = event.data
+    if tuple(data) != _CHUNK_DATA_KEYS:
+        return None
+    turn, step, chunk = data["turn"], data["step"], data["chunk"]
+    if type(turn) is not int or type(step) is not int or not isinstance(chunk, dict):
+        return None
+    kind, index = chunk.get("type"), chunk.get("index")
+    if type(index) is not int:
+        return None
+    keys = tuple(chunk)
+    if kind in ("text-delta", "reasoning-delta"):
+        if keys == _TEXT_CHUNK_KEYS and isinstance(chunk["text"], str):
+            return kind, turn, step, index, "", None
+    elif kind == "tool-call-delta" and keys in (_CALL_CHUNK_KEYS, _NAMED_CALL_CHUNK_KEYS):
+        call_id, name = chunk["id"], chunk.get("name", None)
+        if isinstance(call_id, str) and isinstance(chunk["argumentsDelta"], str):
+            if name is None and "name" not in chunk:
+                return kind, turn, step, index, call_id, None
+            if isinstance(name, str):
+                return kind, turn, step, index, call_id, name
+    return None
+
+
+def _encode_row(run: Sequence[SessionEvent], key: _RunKey) -> str:
+    kind, turn, step, index, call_id, name = key
+    first = run[0]
+    dt = ",".join(str(after.time - before.time) for before, after in pairwise(run))
+    head = (
+        f'{{"type":"{_ROW_OF[kind]}","seq0":{first.seq},"time0":{first.time},'
+        f'"data":{{"turn":{turn},"step":{step},"index":{index},"dt":[{dt}],'
+    )
+    chunks = [cast("JSONObject", event.data["chunk"]) for event in run]
+    if kind != "tool-call-delta":
+        texts = ",".join(_encode_string(cast("str", chunk["text"])) for chunk in chunks)
+        return f'{head}"texts":[{texts}]}}}}'
+    named = "" if name is None else f'"name":{_encode_string(name)},'
+    pieces = ",".join(_encode_string(cast("str", chunk["argumentsDelta"])) for chunk in chunks)
+    return f'{head}"id":{_encode_string(call_id)},{named}"args":[{pieces}]}}}}'
+
+
+def _lines(events: Sequence[SessionEvent], pack: bool) -> list[str]:
+    if not pack:
+        return [event.encode() for event in events]
+    lines: list[str] = []
+    index, count = 0, len(events)
+    while index < count:
+        event = events[index]
+        key = _run_key(event)
+        end = index + 1
+        if key is not None:
+            while (
+                end < count
+                and events[end].seq == events[end - 1].seq + 1
+                and _run_key(events[end]) == key
+            ):
+                end += 1
+        if end - index >= _MIN_RUN:
+            lines.append(_encode_row(events[index:end], cast("_RunKey", key)))
+        else:
+            lines += [member.encode() for member in events[index:end]]
+        index = end
+    return lines
+
+
+def encode_events(
+    events: Sequence[SessionEvent], *, pack: bool = False, compression: Compression = "none"
+) -> bytes:
+    """The bytes of one batch of *events*: its lines, each ending in a newline; nothing for none.
+
+    With *pack*, runs of three or more deltas of one block become one row. Compressed, the
+    lines are one checksummed Zstandard frame.
+    """
     if not events:
         return b""
-    return ("\n".join([event.encode() for event in events]) + "\n").encode()
+    text = ("\n".join(_lines(events, pack)) + "\n").encode()
+    return compress_frame(text) if compression == "zstd" else text
+
+
+_compressors: Final = threading.local()
+
+
+def compress_frame(data: bytes) -> bytes:
+    """*data* as one Zstandard frame with a checksum (and no content size), as the original
+    harness writes its frames. Each thread keeps one compressor for all its frames."""
+    compressor: zstd.ZstdCompressor | None = getattr(_compressors, "compressor", None)
+    if compressor is None:
+        options: dict[int, int] = {zstd.CompressionParameter.checksum_flag: 1}
+        compressor = _compressors.compressor = zstd.ZstdCompressor(options=options)
+    return compressor.compress(data) + compressor.flush()
+
+
+# -- reading one record -------------------------------------------------------------------------
 
 
 class _NotFinite(ValueError):
@@ -204,51 +564,31 @@ _decoder: Final = json.JSONDecoder(parse_float=_finite_float, parse_constant=_re
 _first: Final = itemgetter(0)
 
 
-def _decode_event(
-    line: bytes, expected_seq: int, *, fresh_stack: bool
-) -> SessionEvent | tuple[str, bool]:
-    """Decode one event line, or say why it is not the event expected next.
-
-    A line that is not the event expected comes with whether it is a complete record all the
-    same (a JSON object, NaN and infinities allowed, or a line nested too deep to decode): such
-    a line is never a torn tail.
-    """
+def _parse(line: bytes, *, fresh_stack: bool) -> JSONObject:
+    """Parse one line into a JSON object; see :class:`RecordError` for what is refused."""
     try:
         text = line.decode("utf-8", "surrogatepass")  # as the fast path decodes it
         record = _decoder.decode(text)
     except RecursionError:
         if not fresh_stack:
             raise
-        return _nested_too_deep(f"more than {_LINE_DEPTH}"), True
+        raise RecordError(_nested_too_deep(f"more than {_LINE_DEPTH}"), complete=True) from None
     except _NotFinite as exc:
         try:
             lenient = json.loads(text)
         except (ValueError, RecursionError):
             lenient = None
-        return str(exc), isinstance(lenient, dict)
+        raise RecordError(str(exc), complete=isinstance(lenient, dict)) from None
     except ValueError as exc:
-        return f"not valid JSON ({exc})", False
+        raise RecordError(f"not valid JSON ({exc})", complete=False) from None
     if not isinstance(record, dict):
-        return "not a JSON object", False
+        raise RecordError("not a JSON object", complete=False)
     # A line nests no deeper than it has brackets: most lines need not be measured.
     if line.count(b"[") + line.count(b"{") > _LINE_DEPTH:
         depth = json_depth(record)
         if depth > _LINE_DEPTH:
-            return _nested_too_deep(str(depth)), True
-    if record.keys() != _ENVELOPE:
-        return "not an event envelope with exactly type, seq, time and data", True
-    event_type, seq, time, data = record["type"], record["seq"], record["time"], record["data"]
-    if not isinstance(event_type, str) or not event_type:
-        return "the event type is not a non-empty string", True
-    if type(time) is not int or not 0 <= time <= MAX_TIME:
-        return f"the event time is not {_TIME_RANGE}", True
-    if type(seq) is not int:
-        return "the event seq is not an integer", True
-    if seq != expected_seq:
-        return f"seq {seq} where {expected_seq} was expected", True
-    if not isinstance(data, dict):
-        return "the event data is not a JSON object", True
-    return SessionEvent(event_type, seq, time, data)
+            raise RecordError(_nested_too_deep(str(depth)), complete=True)
+    return record
 
 
 def _nested_too_deep(depth: str) -> str:
@@ -258,29 +598,189 @@ def _nested_too_deep(depth: str) -> str:
     )
 
 
-def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEvent] | None:
-    """Decode the complete lines ``data[start:end]`` at once, if all are the events expected.
+def _surface_op(value: JSON) -> SurfaceOp:
+    if value == "append":
+        return "append"
+    if (
+        isinstance(value, dict)
+        and value.keys() == {"op", "start", "end"}
+        and value["op"] == ("replace")
+    ):
+        start, end = value["start"], value["end"]
+        if type(start) is int and type(end) is int:
+            return SurfaceReplace(start, end)
+    raise RecordError(f'surfaceOp is {value!r}, not "append" or a replacement', complete=True)
 
-    The fast path of :func:`scan_log`: the lines are wrapped as ``[[line],[line],...]`` and
-    decoded in one call, which also shares one copy of each key among all the events. A line
-    boundary can only separate the wrappers if every line is a complete JSON value (a string
-    cannot span lines), and a wrapper must hold exactly one value, so a line is accepted here
-    only if decoding it alone gives the same event. Anything else returns ``None``: the caller
-    then decodes line by line, which alone reports or cuts damage.
+
+def _event(record: JSONObject, seq: int, earlier: bool) -> SessionEvent:
+    """The event *record* holds, if it is the event with *seq*; else :class:`RecordError`."""
+    event_type = record.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise RecordError("the event type is not a non-empty string", complete=True)
+    ignorable = record.get("ignorable", False)
+    if earlier:
+        if record.keys() != _ENVELOPE:
+            raise RecordError(
+                "not an event envelope with exactly type, seq, time and data", complete=True
+            )
+    else:
+        if event_type not in KNOWN_EVENT_TYPES and ignorable is not True:
+            raise RecordError(
+                f"the event type {event_type!r} (seq {record.get('seq')!r}) is unknown to this "
+                "release and the event is not marked ignorable; refusing to interpret the log "
+                "(a newer release wrote it?)",
+                complete=True,
+                unsupported=True,
+            )
+        if not _ENVELOPE <= record.keys() <= _ENVELOPE_KEYS:
+            missing = sorted(_ENVELOPE - record.keys())
+            extra = sorted(record.keys() - _ENVELOPE_KEYS)
+            what = f"no {', '.join(missing)}" if missing else f"the unknown key {extra[0]!r}"
+            raise RecordError(f"not an event envelope: it has {what}", complete=True)
+    event_seq, time, data = record["seq"], record["time"], record["data"]
+    if type(time) is not int or not 0 <= time <= MAX_TIME:
+        raise RecordError(f"the event time is not {_TIME_RANGE}", complete=True)
+    if type(event_seq) is not int:
+        raise RecordError("the event seq is not an integer", complete=True)
+    if event_seq != seq:
+        raise RecordError(f"seq {event_seq} where {seq} was expected", complete=True)
+    if not isinstance(data, dict):
+        raise RecordError("the event data is not a JSON object", complete=True)
+    event_type = _EVENT_TYPES.get(event_type, event_type)
+    if earlier:
+        surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
+        return SessionEvent(
+            event_type, seq, time, data, None, surface, None, event_type not in KNOWN_EVENT_TYPES
+        )
+    if len(record) == len(_ENVELOPE):
+        return SessionEvent(event_type, seq, time, data)
+    if ignorable is not True and "ignorable" in record:
+        raise RecordError(f"ignorable is {ignorable!r}; when present it is true", complete=True)
+    surface_op = None if "surfaceOp" not in record else _surface_op(record["surfaceOp"])
+    sources: tuple[int, ...] | None = None
+    if "sourceEventSeqs" in record:
+        listed = record["sourceEventSeqs"]
+        if not isinstance(listed, list) or not all(type(item) is int for item in listed):
+            raise RecordError(
+                f"sourceEventSeqs is {listed!r}, not a list of integers", complete=True
+            )
+        sources = tuple(cast("list[int]", listed))
+    problem = envelope_problem(event_type, seq, surface_op, sources)
+    if problem is not None:
+        raise RecordError(problem, complete=True)
+    keys = list(record)
+    first = surface_op is not None and sources is not None
+    first = first and keys.index("surfaceOp") < keys.index("sourceEventSeqs")
+    return SessionEvent(
+        event_type, seq, time, data, None, surface_op, sources, ignorable is True, first
+    )
+
+
+def _row(record: JSONObject, seq: int) -> list[SessionEvent]:
+    """The deltas a packed row holds, if it starts at *seq*; else :class:`RecordError`."""
+    tag = cast("str", record["type"])
+
+    def malformed(why: str) -> NoReturn:
+        raise RecordError(f"a malformed {tag} row: {why}", complete=True)
+
+    if record.keys() != _ROW_ENVELOPE:
+        malformed("it does not have exactly the keys type, seq0, time0 and data")
+    seq0, time0, data = record["seq0"], record["time0"], record["data"]
+    if type(seq0) is not int:
+        malformed("seq0 is not an integer")
+    if seq0 != seq:
+        raise RecordError(f"seq {seq0} where {seq} was expected", complete=True)
+    if type(time0) is not int or not 0 <= time0 <= MAX_TIME:
+        malformed(f"time0 is not {_TIME_RANGE}")
+    if not isinstance(data, dict):
+        malformed("its data is not an object")
+    kind = _ROW_TAGS[tag]
+    calls = kind == "tool-call-delta"
+    keys = data.keys()
+    if (
+        not (keys == _CALL_ROW_KEYS or keys == _CALL_ROW_KEYS | {"name"})
+        if calls
+        else (keys != _TEXT_ROW_KEYS)
+    ):
+        malformed(f"its data has the keys {', '.join(sorted(keys))}")
+    pieces, dt = data["args" if calls else "texts"], data["dt"]
+    if not isinstance(pieces, list) or not pieces or not all(isinstance(p, str) for p in pieces):
+        malformed("its pieces are not a non-empty list of strings")
+    if not isinstance(dt, list) or len(dt) != len(pieces) - 1:
+        malformed(f"dt does not hold one time step fewer than its {len(pieces)} pieces")
+    turn, step, index = data["turn"], data["step"], data["index"]
+    if not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in (turn, step, index)
+    ):
+        malformed("turn, step and index are not all numbers")
+    call_id, name = data.get("id"), data.get("name")
+    if calls and not (isinstance(call_id, str) and (name is None or isinstance(name, str))):
+        malformed("its call id or tool name is not a string")
+    times = [time0]
+    for gap in dt:
+        if type(gap) is not int:
+            malformed("dt holds a value that is not an integer")
+        times.append(times[-1] + gap)
+        if not 0 <= times[-1] <= MAX_TIME:
+            malformed(f"a member's time is not {_TIME_RANGE}")
+    events = []
+    for offset, (piece, time) in enumerate(zip(pieces, times, strict=True)):
+        chunk: JSONObject
+        if calls:
+            chunk = {"type": kind, "index": index, "id": call_id}
+            if "name" in data:
+                chunk["name"] = name
+            chunk["argumentsDelta"] = piece
+        else:
+            chunk = {"type": kind, "index": index, "text": piece}
+        chunk_data: JSONObject = {"turn": turn, "step": step, "chunk": chunk}
+        events.append(SessionEvent("assistant/chunk", seq + offset, time, chunk_data))
+    return events
+
+
+def _record_events(record: JSONObject, seq: int, earlier: bool) -> list[SessionEvent]:
+    """The events one stored record holds: one event, or the members of a packed row."""
+    if not earlier and record.get("type") in _ROW_TAGS:
+        return _row(record, seq)
+    return [_event(record, seq, earlier)]
+
+
+def decode_event(record: str, seq: int) -> SessionEvent:
+    """Decode one stored record (as :meth:`SessionEvent.encode` writes it), the event *seq*.
+
+    This is the whole check a record passes wherever it is stored: a JSON object with the
+    envelope's keys (``type``, ``seq``, ``time``, ``data``, and where set ``sourceEventSeqs``,
+    ``surfaceOp``, ``ignorable``), a known type unless marked ignorable, the seq expected, a
+    time from 0 to :data:`MAX_TIME`, finite numbers, data nested at most
+    :data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels. How deep the caller's
+    stack is does not matter.
+
+    :raises RecordError: naming what is wrong (``unsupported`` for an unknown type).
     """
-    lines = data[start:end]
+    line = record.encode("utf-8", "surrogatepass")
     try:
-        text = lines.decode("utf-8", "surrogatepass")
-        wrapped = _decoder.decode("[[" + text.replace("\n", "\n],[")[:-2] + "]")
-    except (ValueError, RecursionError):  # damage, or a deep stack: decoded line by line
-        return None
-    # Checked a column at a time with builtins, which is several times faster than a loop.
-    if len(wrapped) != lines.count(b"\n") or set(map(len, wrapped)) != {1}:
-        return None  # not exactly one value per line
-    records = list(map(_first, wrapped))
+        return _decode_one(line, seq, fresh_stack=False)
+    except RecursionError:
+        return on_fresh_stack(partial(_decode_one, line, seq, fresh_stack=True))
+
+
+def _decode_one(line: bytes, seq: int, *, fresh_stack: bool) -> SessionEvent:
+    record = _parse(line, fresh_stack=fresh_stack)
+    if record.get("type") in _ROW_TAGS:
+        raise RecordError("a packed row of several events, not one event", complete=True)
+    return _event(record, seq, False)
+
+
+# -- reading a log ------------------------------------------------------------------------------
+
+
+def _simple_events(records: list[JSONObject], seq: int, earlier: bool) -> list[SessionEvent] | None:
+    """The events of records with exactly the four envelope keys, checked a column at a time.
+
+    Several times faster than checking each record in a loop; ``None`` if any record is not
+    the event expected (the caller then finds out which, and why).
+    """
     try:
-        if set(map(len, records)) != {len(_ENVELOPE)}:
-            return None
         columns = [list(map(itemgetter(key), records)) for key in ("type", "seq", "time", "data")]
     except (TypeError, KeyError):  # not objects, or four keys but not the envelope's
         return None
@@ -294,15 +794,67 @@ def _decode_lines(data: bytes, start: int, end: int, seq: int) -> list[SessionEv
         or min(times) < 0
         or max(times) > MAX_TIME
         or set(map(type, datas)) != {dict}
-        # Only where a line has more brackets than it may nest levels, measure the data.
-        or (
-            _TOO_MANY_OPENERS in lines.translate(_OPENERS, _NOT_OPENER_OR_NEWLINE)
-            and json_depth(datas) > MAX_JSON_DEPTH + 1
-        )
     ):
+        return None
+    if earlier:
+        if not SURFACE_EVENT_TYPES.isdisjoint(types) or not KNOWN_EVENT_TYPES.issuperset(types):
+            return None  # the earlier format's surface events and unknown types: one by one
+    elif not KNOWN_EVENT_TYPES.issuperset(types):
         return None
     types = cast("list[str]", list(map(_EVENT_TYPES.get, types, types)))
     return list(map(SessionEvent, types, seqs, times, datas))
+
+
+def _decode_lines(
+    data: bytes, start: int, end: int, seq: int, earlier: bool
+) -> list[SessionEvent] | None:
+    """Decode the complete lines ``data[start:end]`` at once, if all are the records expected.
+
+    The fast path of :func:`scan_log`: the lines are wrapped as ``[[line],[line],...]`` and
+    decoded in one call, which also shares one copy of each key among all the events. A line
+    boundary can only separate the wrappers if every line is a complete JSON value (a string
+    cannot span lines), and a wrapper must hold exactly one value, so a line is accepted here
+    only if decoding it alone gives the same events. Anything else returns ``None``: the caller
+    then decodes line by line, which alone reports or cuts damage.
+    """
+    lines = data[start:end]
+    try:
+        text = lines.decode("utf-8", "surrogatepass")
+        wrapped = _decoder.decode("[[" + text.replace("\n", "\n],[")[:-2] + "]")
+    except (ValueError, RecursionError):  # damage, or a deep stack: decoded line by line
+        return None
+    # Checked a column at a time with builtins, which is several times faster than a loop.
+    if len(wrapped) != lines.count(b"\n") or set(map(len, wrapped)) != {1}:
+        return None  # not exactly one value per line
+    records = list(map(_first, wrapped))
+    # Only where a line has more brackets than it may nest levels, measure the records.
+    if (
+        _TOO_MANY_OPENERS in lines.translate(_OPENERS, _NOT_OPENER_OR_NEWLINE)
+        and json_depth(cast("JSON", records)) > _LINE_DEPTH + 1
+    ):
+        return None
+    events: list[SessionEvent] = []
+    try:
+        # Runs of events with the four envelope keys alone are checked a column at a time;
+        # packed rows (four keys too) and events with more keys, one by one.
+        for simple, group in groupby(records, _is_simple):
+            batch = list(group)
+            if simple:
+                found = _simple_events(batch, seq + len(events), earlier)
+                if found is None:
+                    return None
+                events += found
+            else:
+                for record in batch:
+                    events += _record_events(record, seq + len(events), earlier)
+    except (AttributeError, TypeError, RecordError):  # not objects, or not the records expected
+        return None
+    return events
+
+
+def _is_simple(record: JSONObject) -> bool:
+    """Whether *record* has four keys and is no packed row (the fast path checks the rest)."""
+    return len(record) == len(_ENVELOPE) and record.get("type") not in _ROW_TAGS
 
 
 @contextmanager
@@ -324,60 +876,296 @@ def _collector_paused() -> Iterator[None]:
 
 
 def scan_log(data: bytes, path: Path) -> Scan:
-    """Read a whole log; separate its committed events from a torn tail.
+    """Read a whole log (compressed if *path* ends in ``.zstd``); separate its committed events
+    from a torn tail.
 
-    The torn tail is what follows the last event, if none of it is a complete record: a final
-    line without its newline, and lines that are not JSON objects (garbage, zeros). A line that
-    is not the event expected next is corruption if it is a complete record all the same (a
-    JSON object: another envelope, a seq out of order, a non-finite number, a time out of
-    range, nesting too deep), or if one follows it. How deep the caller's stack is does not
-    matter.
+    Plain, the torn tail is what follows the last event, if none of it is a complete record: a
+    final line without its newline, and lines that are not JSON objects (garbage, zeros). A
+    line that is not the event expected next is corruption if it is a complete record all the
+    same (a JSON object: another envelope, a seq out of order, a non-finite number, a time out
+    of range, nesting too deep), or if one follows it.
 
-    :raises CorruptLogError: naming *path* and the line.
-    :raises UnsupportedFormatError: if the header has another format version.
+    Compressed, a frame is a complete record if it is whole and its checksum holds: every
+    record inside it must be the event expected. The torn tail is what follows the last such
+    frame, if no whole frame with a valid checksum follows the damage; the complete lines at
+    the start of a torn final frame are kept (salvaged).
+
+    How deep the caller's stack is does not matter.
+
+    :raises CorruptLogError: naming *path* and the line (or the byte of a damaged frame).
+    :raises UnsupportedFormatError: if the header has another format version, the log is not
+        a session log, or it holds an event of an unknown type not marked ignorable.
     """
+    scan = _scan_zstd if path.name.endswith(".zstd") else _scan_plain
     try:
-        return _scan(data, path, fresh_stack=False)
+        return scan(data, path, fresh_stack=False)
     except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
-        return on_fresh_stack(partial(_scan, data, path, fresh_stack=True))
+        return on_fresh_stack(partial(scan, data, path, fresh_stack=True))
 
 
-def _scan(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
+@dataclass(slots=True)
+class _Reader:
+    """Reads the event lines of one log, after its header, into :attr:`events`."""
+
+    path: Path
+    header: SessionHeader
+    fresh_stack: bool
+    events: list[SessionEvent]
+
+    def bulk(self, data: bytes, offset: int) -> int:
+        """Decode complete lines from *offset* on with the fast path; return where it stopped."""
+        earlier = self.header.earlier_format
+        with _collector_paused():
+            while (stop := data.rfind(b"\n", offset, offset + _BULK_BYTES)) >= 0 or (
+                stop := data.find(b"\n", offset)
+            ) >= 0:
+                lines = _decode_lines(data, offset, stop + 1, len(self.events), earlier)
+                if lines is None:
+                    break
+                self.events += lines
+                offset = stop + 1
+        return offset
+
+    def line(self, line: bytes) -> list[SessionEvent]:
+        """The events of one line, the next ones expected; else :class:`RecordError`."""
+        record = _parse(line, fresh_stack=self.fresh_stack)
+        return _record_events(record, len(self.events), self.header.earlier_format)
+
+    def refuse(self, line_number: int, error: RecordError) -> NoReturn:
+        if error.unsupported:
+            raise UnsupportedFormatError(
+                f"{self.path}, line {line_number}: session {self.header.id!r}: {error.problem}"
+            )
+        raise CorruptLogError(self.path, line_number, error.problem, seq=len(self.events))
+
+
+def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
+    if data.startswith(_ZSTD_MAGIC):
+        _not_a_session_log(path, "it holds Zstandard data (a compressed log ends in .zstd)")
     end = data.find(b"\n")
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
     header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
-    events: list[SessionEvent] = []
-    offset = end + 1
-    with _collector_paused():
-        while (stop := data.rfind(b"\n", offset, offset + _BULK_BYTES)) >= 0 or (
-            stop := data.find(b"\n", offset)
-        ) >= 0:
-            lines = _decode_lines(data, offset, stop + 1, len(events))
-            if lines is None:
-                break
-            events += lines
-            offset = stop + 1
-    committed = offset
-    line_number = 1 + len(events)
-    damage: tuple[int, str] | None = None  # the first damaged line after the last event
+    reader = _Reader(path, header, fresh_stack, [])
+    offset = committed = reader.bulk(data, end + 1)
+    line_number = 2 + data.count(b"\n", end + 1, offset)
+    damage: tuple[int, RecordError, int] | None = None  # the first damaged line, and its seq
     while (end := data.find(b"\n", offset)) >= 0:
-        line_number += 1
-        decoded = _decode_event(data[offset:end], len(events), fresh_stack=fresh_stack)
+        line = data[offset:end]
         offset = end + 1
-        if isinstance(decoded, SessionEvent) and damage is None:
-            events.append(decoded)
+        try:
+            decoded = reader.line(line)
+        except RecordError as error:
+            if error.complete and damage is not None:
+                break  # reported below
+            if error.complete:
+                reader.refuse(line_number, error)
+            damage = damage or (line_number, error, len(reader.events))
+        else:
+            if damage is not None:
+                break
+            reader.events += decoded
             committed = offset
-            continue
-        problem, record = ("", True) if isinstance(decoded, SessionEvent) else decoded
-        if record and damage is not None:
+        line_number += 1
+    else:
+        return Scan(header, tuple(reader.events), committed, data[committed:])
+    assert damage is not None
+    first, problem, seq = damage
+    raise CorruptLogError(
+        path,
+        first,
+        f"{problem.problem}; line {line_number} after it is a complete record, so this is not a "
+        "torn tail",
+        seq=seq,
+    )
+
+
+# -- compressed logs ----------------------------------------------------------------------------
+
+
+def _frame_end(data: bytes, start: int) -> int | str | None:
+    """Where the Zstandard frame at *start* ends, found from its structure without decoding it.
+
+    ``None`` if the frame runs past the end of *data* (a torn frame); a description if *start*
+    does not begin a frame of the kind a session log holds (a standard frame with a checksum).
+    """
+    size = len(data)
+    if size - start < 4:
+        return None
+    if data[start : start + 4] != _ZSTD_MAGIC:
+        return f"no Zstandard frame starts at byte {start}"
+    if start + 4 >= size:
+        return None
+    descriptor = data[start + 4]
+    if descriptor & 0x18:
+        return f"the frame at byte {start} sets a reserved bit of its header"
+    if not descriptor & _CHECKSUM_FLAG:
+        return f"the frame at byte {start} has no checksum"
+    single = bool(descriptor & 0x20)
+    header = (
+        1
+        + (0 if single else 1)
+        + (0, 1, 2, 4)[descriptor & 3]
+        + ((1 if single else 0), 2, 4, 8)[descriptor >> 6]
+    )
+    position = start + 4 + header
+    while True:
+        if position + 3 > size:
+            return None
+        block = int.from_bytes(data[position : position + 3], "little")
+        kind = (block >> 1) & 3
+        if kind == 3:
+            return f"the frame at byte {start} has a block of the reserved type at byte {position}"
+        position += 3 + (1 if kind == 1 else block >> 3)
+        if position > size:
+            return None
+        if block & 1:
+            break
+    position += 4  # the checksum
+    return None if position > size else position
+
+
+def _decompress(data: bytes) -> bytes | None:
+    """The plaintext of whole frames with valid checksums, or ``None``."""
+    try:
+        plaintext: bytes = zstd.decompress(data)
+    except zstd.ZstdError:
+        return None
+    return plaintext
+
+
+def _intact_frame_after(data: bytes, start: int) -> int | None:
+    """The first byte after *start* where a whole frame with a valid checksum begins."""
+    position = data.find(_ZSTD_MAGIC, start + 1)
+    while position >= 0:
+        end = _frame_end(data, position)
+        if isinstance(end, int) and _decompress(data[position:end]) is not None:
+            return position
+        position = data.find(_ZSTD_MAGIC, position + 1)
+    return None
+
+
+def _salvage(torn: bytes) -> bytes:
+    """The plaintext the complete blocks at the start of a torn frame decode to."""
+    try:
+        plaintext: bytes = zstd.ZstdDecompressor().decompress(torn)
+    except zstd.ZstdError:
+        return b""
+    return plaintext
+
+
+def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
+    frames: list[tuple[int, int]] = []
+    offset, damage, torn_frame = 0, "", False
+    while offset < len(data):
+        end = _frame_end(data, offset)
+        if not isinstance(end, int):
+            torn_frame = end is None
+            damage = end or f"the frame at byte {offset} is incomplete"
+            break
+        frames.append((offset, end))
+        offset = end
+    if not frames:
+        if not data or not data.startswith(_ZSTD_MAGIC[: len(data)]):
+            _not_a_session_log(path, "it does not start with a Zstandard frame")
+        raise CorruptLogError(path, None, "the header frame is incomplete", byte=0)
+    first = _decompress(data[: frames[0][1]])
+    if first is None:
+        raise CorruptLogError(path, None, "the header frame fails its checksum", byte=0)
+    if first.find(b"\n") != len(first) - 1:
+        raise CorruptLogError(path, 1, "the first frame is not exactly one header line")
+    header = _decode_header(first[:-1], path, fresh_stack=fresh_stack)
+    body = frames[1:]
+    text = _decompress(data[body[0][0] : body[-1][1]]) if body else b""
+    if text is None:  # a frame fails its checksum: find the first
+        parts: list[bytes] = []
+        for start, end in body:
+            plaintext = _decompress(data[start:end])
+            if plaintext is None:
+                offset, damage, torn_frame = (
+                    start,
+                    f"the frame at byte {start} fails its checksum",
+                    False,
+                )
+                break
+            parts.append(plaintext)
+        text = b"".join(parts)
+    reader = _Reader(path, header, fresh_stack, [])
+    _read_frames(reader, text)
+    salvaged = 0
+    if offset < len(data):
+        intact = _intact_frame_after(data, offset)
+        if intact is not None:
             raise CorruptLogError(
                 path,
-                damage[0],
-                f"{damage[1]}; line {line_number} after it is a complete record, so this is "
-                "not a torn tail",
+                None,
+                f"{damage}; a whole frame with a valid checksum follows it at byte {intact}, "
+                "so this is not a torn tail",
+                byte=offset,
+                seq=len(reader.events),
             )
-        if record:
-            raise CorruptLogError(path, line_number, problem)
-        damage = damage or (line_number, problem)
-    return Scan(header, tuple(events), committed, data[committed:])
+        if torn_frame:
+            salvaged = _read_salvage(reader, _salvage(data[offset:]))
+    return Scan(header, tuple(reader.events), offset, data[offset:], salvaged)
+
+
+def _read_frames(reader: _Reader, text: bytes) -> None:
+    """Read the lines of whole frames: every one must be the event expected."""
+    offset = reader.bulk(text, 0)
+    line_number = 2 + text.count(b"\n", 0, offset)
+    while (end := text.find(b"\n", offset)) >= 0:
+        try:
+            reader.events += reader.line(text[offset:end])
+        except RecordError as error:
+            reader.refuse(line_number, error)
+        offset, line_number = end + 1, line_number + 1
+    if offset < len(text):
+        raise CorruptLogError(
+            reader.path,
+            line_number,
+            "a whole frame ends inside this record",
+            seq=len(reader.events),
+        )
+
+
+def _read_salvage(reader: _Reader, text: bytes) -> int:
+    """Keep the complete events at the start of a torn frame's text, up to the first defect."""
+    count, offset = len(reader.events), 0
+    while (end := text.find(b"\n", offset)) >= 0:
+        try:
+            reader.events += reader.line(text[offset:end])
+        except RecordError:
+            break
+        offset = end + 1
+    return len(reader.events) - count
+
+
+def read_header(head: bytes, path: Path) -> SessionHeader:
+    """The header of the log at *path*, from its first bytes (the whole header record at least).
+
+    :raises CorruptLogError, UnsupportedFormatError: as :func:`scan_log`.
+    """
+    if path.name.endswith(".zstd"):
+        end = _frame_end(head, 0)
+        record = head[:end] if isinstance(end, int) else head
+    else:
+        record = head[: head.find(b"\n") + 1] if b"\n" in head else head
+    return scan_log(record, path).header
+
+
+def salvage(scan: Scan, torn: bytes, path: Path) -> Scan:
+    """*scan* with the complete events a torn final frame *torn* (cut off before) holds.
+
+    The events an interrupted recovery salvaged, and lost when it stopped after the cut, are
+    found again in the copy of the torn bytes it kept.
+    """
+    if _frame_end(torn, 0) is not None:  # whole, or not a frame: nothing to salvage
+        return scan
+    reader = _Reader(path, scan.header, True, list(scan.events))
+    text = _salvage(torn)
+    try:
+        count = _read_salvage(reader, text)
+    except RecursionError:
+        reader.events = list(scan.events)
+        count = on_fresh_stack(partial(_read_salvage, reader, text))
+    return replace(scan, events=tuple(reader.events), salvaged=scan.salvaged + count)

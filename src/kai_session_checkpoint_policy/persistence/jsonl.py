@@ -25,6 +25,7 @@ import math
 import resource
 from collections import OrderedDict
 from dataclasses import dataclass
+from os import scandir as os_scandir
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
@@ -42,13 +43,22 @@ from .errors import (
 )
 from .files import LockedError, OsFiles
 from .format import (
+    COMPRESSIONS,
     LOCK_NAME,
     LOG_NAME,
+    NO_CWD,
+    ZSTD_LOG_NAME,
+    Compression,
+    Scan,
     SessionHeader,
-    decode_session_id,
+    compress_frame,
+    earlier_directory,
     encode_events,
     encode_header,
     encode_session_id,
+    project_directory,
+    read_header,
+    salvage,
     scan_log,
 )
 from .repair import interrupted_turn_closers
@@ -59,10 +69,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..events import SessionEvent
-    from .format import Scan
 
 __all__ = [
+    "DEFAULT_COMPRESSION",
     "DEFAULT_INLINE_WRITE_LIMIT",
+    "DEFAULT_PACK_CHUNKS",
     "JsonlSessionPersistence",
     "JsonlStatistics",
     "SessionListing",
@@ -73,6 +84,13 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_INLINE_WRITE_LIMIT: Final = 0.002
 """Seconds a session's recent writes may take for an awaited flush to write on the loop."""
+DEFAULT_COMPRESSION: Final[Compression] = "zstd"
+"""How new logs are written: checksummed Zstandard frames (``session.jsonl.zstd``), as the
+original harness writes them by default."""
+DEFAULT_PACK_CHUNKS: Final = True
+"""Whether runs of three or more deltas of one block are written as one packed row."""
+MIGRATED_SUFFIX: Final = ".migrated"
+"""Appended to the name of a log in the earlier format once recovery has converted it."""
 
 
 def _default_max_open_sessions() -> int:
@@ -101,6 +119,8 @@ class SessionListing:
 
     headers: tuple[SessionHeader, ...]
     problems: tuple[SessionProblem, ...]
+    logs: tuple[Path, ...] = ()
+    """The log file of each of ``headers``, in the same order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +155,22 @@ class _Log:
         self.count = 0  # durable events: the seq the next event must have
         self.suspect = False  # a write failed: re-read the file before the next one
 
+    @property
+    def compression(self) -> Compression:
+        return _compression_of(self.path)
+
+
+def _compression_of(path: Path) -> Compression:
+    return "zstd" if path.name == ZSTD_LOG_NAME else "none"
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """Where the log of a session is: its file, and whether it is in the earlier layout."""
+
+    path: Path
+    earlier: bool = False
+
 
 class JsonlSessionPersistence(WriteBehind["_Log"]):
     """Persist every live session of a host as a JSONL log under *root*.
@@ -143,7 +179,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
     it the host's ``session_persistence``; closing the host drains every queue. Reading
     (:meth:`list_sessions`, :meth:`inspect`, :meth:`load`) also works without a host.
 
-    :param root: The directory that holds one directory per session; created on first write.
+    The root is laid out as the original harness lays it out, and read whatever compression
+    its logs use (and in this project's earlier layout too).
+
+    :param root: The directory that holds the sessions; created on first write.
     :param batch_window: Seconds an event may wait before a background batch writes it.
     :param inline_write_limit: An awaited flush writes on the event loop's thread while the
         session's recent writes took less than this many seconds, and in a worker thread
@@ -152,6 +191,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         its lock) open; the files of the least recently written idle session are closed to
         make room, and opened again by its next write. By default, an eighth of the process's
         limit on open files.
+    :param compression: How a new log is written: ``"zstd"`` (one checksummed Zstandard frame
+        per batch, ``session.jsonl.zstd``; the default, as the original's) or ``"none"``
+        (plain lines, ``session.jsonl``). A log that exists keeps its own.
+    :param pack_chunks: Whether three or more consecutive deltas of one block are written as
+        one packed row (the default, as the original's).
     :param files: The file layer; replace it to inject faults.
     """
 
@@ -164,6 +208,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         batch_window: float = DEFAULT_BATCH_WINDOW,
         inline_write_limit: float = DEFAULT_INLINE_WRITE_LIMIT,
         max_open_sessions: int | None = None,
+        compression: Compression = DEFAULT_COMPRESSION,
+        pack_chunks: bool = DEFAULT_PACK_CHUNKS,
         files: OsFiles | None = None,
     ) -> None:
         window: object = batch_window
@@ -179,10 +225,16 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             most = _default_max_open_sessions()
         if type(most) is not int or most < 1:
             raise ValueError(f"max_open_sessions must be a positive integer, not {most!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be 'zstd' or 'none', not {compression!r}")
+        if not isinstance(pack_chunks, bool):
+            raise ValueError(f"pack_chunks must be True or False, not {pack_chunks!r}")
         super().__init__(batch_window=batch_window)
         self.root: Final = Path(root).absolute()
         self.inline_write_limit: Final = float(inline_write_limit)
         self.max_open_sessions: Final = most
+        self.compression: Final[Compression] = compression
+        self.pack_chunks: Final = pack_chunks
         self.files: Final = files if files is not None else OsFiles()
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
 
@@ -190,8 +242,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         return f"<JsonlSessionPersistence root={str(self.root)!r}>"
 
     def session_exists(self, session_id: str) -> bool:
-        """Whether a log for *session_id* is stored under the root (one ``lstat``)."""
-        return _exists(self._directory(session_id) / LOG_NAME)
+        """Whether a log for *session_id* is stored under the root.
+
+        A few ``lstat`` calls: the session's directory without a working directory, those of
+        the project directories, and the earlier layout's.
+        """
+        return self._find(session_id) is not None
 
     def statistics(self) -> JsonlStatistics:
         core, calls = super().statistics(), self.files.calls
@@ -215,6 +271,87 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if self._open.get(writer.session_id) is writer:
             del self._open[writer.session_id]
         super()._forget(writer)
+
+    # -- where logs are -------------------------------------------------------------------------
+
+    def _session_directory(self, project: str, session_id: str) -> Path:
+        directory = self.root / project / encode_session_id(session_id)
+        for path in (directory.parent, directory):
+            if path.is_symlink():
+                _refuse_link(path)
+        return directory
+
+    def _find(self, session_id: str) -> _Found | None:
+        """Where the log of *session_id* is, if anywhere.
+
+        In the session's directory under ``_no-cwd``, or under a project directory
+        (``--<key>--``), or else in the earlier layout. A log in the current layout wins over
+        one in the earlier layout (left by a conversion that was interrupted).
+
+        :raises PersistenceError: if the session has logs in two project directories, or
+            both a plain and a compressed one.
+        """
+        found = self._log_in(self._session_directory(NO_CWD, session_id))
+        if found is None:
+            matches = [
+                log
+                for project in self._project_directories()
+                if (log := self._log_in(self._session_directory(project, session_id)))
+            ]
+            if len(matches) > 1:
+                raise PersistenceError(
+                    f"session {session_id!r} has logs in several project directories: "
+                    f"{', '.join(str(match) for match in matches)}"
+                )
+            found = matches[0] if matches else None
+        if found is not None:
+            return _Found(found)
+        earlier = self.root / earlier_directory(session_id)
+        if earlier.is_symlink():
+            _refuse_link(earlier)
+        if _is_earlier_log(earlier / LOG_NAME):
+            return _Found(earlier / LOG_NAME, earlier=True)
+        return None
+
+    def _project_directories(self) -> list[str]:
+        """The names of the directories under the root that may hold sessions with a cwd."""
+        try:
+            with os_scandir(self.root) as entries:
+                return sorted(
+                    entry.name
+                    for entry in entries
+                    if entry.name.startswith("--")
+                    and entry.name.endswith("--")
+                    and len(entry.name) >= 4
+                    and entry.is_dir(follow_symlinks=False)
+                )
+        except FileNotFoundError:
+            return []
+
+    @staticmethod
+    def _log_in(directory: Path) -> Path | None:
+        plain, compressed = directory / LOG_NAME, directory / ZSTD_LOG_NAME
+        has_plain, has_compressed = _exists(plain), _exists(compressed)
+        if has_plain and has_compressed:
+            raise PersistenceError(
+                f"{directory} holds both {LOG_NAME} and {ZSTD_LOG_NAME}; a session has one log"
+            )
+        return plain if has_plain else compressed if has_compressed else None
+
+    def _expected_log(self, header: SessionHeader, path: Path) -> None:
+        """Refuse a log whose header does not name the place it is stored at.
+
+        :raises PersistenceError: naming where the header's id and cwd put the session.
+        """
+        if header.earlier_format:
+            expected = self.root / earlier_directory(header.id)
+        else:
+            expected = self.root / project_directory(header.cwd) / encode_session_id(header.id)
+        if path.parent != expected:
+            raise PersistenceError(
+                f"{path}: its header's id {header.id!r} and working directory {header.cwd!r} "
+                f"belong at {expected}; refusing to read it as stored elsewhere"
+            )
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -279,10 +416,14 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
     def _location(self, log: _Log) -> str:
         return str(log.path)
 
+    def _encode(self, events: Sequence[SessionEvent], compression: Compression) -> bytes:
+        return encode_events(events, pack=self.pack_chunks, compression=compression)
+
     def _append(self, log: _Log, session_id: str, batch: Sequence[SessionEvent]) -> None:
-        data = encode_events(batch)
+        compression = log.compression
+        data = self._encode(batch, compression)
         if log.size == 0:  # the file does not exist yet
-            header = encode_header(SessionHeader(session_id, batch[0].time))
+            header = _header_bytes(SessionHeader(session_id, batch[0].time), compression)
             try:
                 self.files.publish(log.path, header + data)
             except BaseException:
@@ -311,12 +452,26 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         log.size += len(data)
 
     def _open_for_writing(self, session_id: str) -> _Log:
-        directory = self._directory(session_id)
-        self.files.makedirs(directory)
-        log = _Log(directory / LOG_NAME, self._lock(session_id, directory))
+        found = self._find(session_id)
+        if found is not None and found.earlier:
+            raise PersistenceError(
+                f"session {session_id!r} has a log in this project's earlier format at "
+                f"{found.path}; load it with recovery first, which converts it"
+            )
+        if found is None:
+            directory = self._session_directory(NO_CWD, session_id)
+            path = directory / ZSTD_LOG_NAME if self.compression == "zstd" else directory / LOG_NAME
+        else:
+            path = found.path
+        self.files.makedirs(path.parent)
+        log = _Log(path, self._lock(session_id, path.parent))
         try:
-            if log.path.exists() or log.path.is_symlink():
+            if found is not None:
                 self._verify(log, session_id)
+            elif (other := self._find(session_id)) is not None and other.path != path:
+                raise PersistenceError(  # another writer created it meanwhile, elsewhere
+                    f"session {session_id!r} already has a log at {other.path}"
+                )
         except BaseException:
             self._release(log)
             raise
@@ -348,7 +503,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if log.fd is not None:
             self.files.close(log.fd)
             log.fd = None
-        data = self._read(log.path)
+        data = self._read(log.path, session_id)
         if log.suspect:
             if len(data) < log.size:
                 raise PersistenceError(
@@ -356,7 +511,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                     "known durable"
                 )
             data = data[: log.size]
-        scan = _scan_session(data, log.path, session_id)
+        scan = self._scan_session(data, log.path, session_id)
         if scan.torn or (log.suspect and len(scan.events) != log.count):
             raise PersistenceError(
                 f"{log.path} ends in {len(scan.torn)} bytes that are not complete events; "
@@ -409,9 +564,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
     async def scan_sessions(self) -> SessionListing:
         """The headers of the intact sessions under the root, and the problems of the others.
 
-        Reads only the first line of each log. A session directory is one that holds a
-        ``session.jsonl`` (whatever it is), or a symbolic link (never followed); other
-        entries of the root are not sessions. One bad session never hides the others.
+        Reads only the header of each log. A session directory is one that holds a log (a
+        ``session.jsonl`` or ``session.jsonl.zstd``, whatever it is), or a symbolic link
+        (never followed), in a project directory (any directory of the root), or directly
+        under the root in the earlier layout; other entries are not sessions. One bad session
+        never hides the others.
         """
         return await anyio.to_thread.run_sync(self._scan_sessions)
 
@@ -420,17 +577,20 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
         :raises SessionNotFoundError: if there is no log for *session_id*.
         :raises CorruptLogError: if the committed region is damaged.
-        :raises UnsupportedFormatError: if the log has another format version.
+        :raises UnsupportedFormatError: if the log has another format version, is not a
+            session log, or holds an event of an unknown type not marked ignorable.
         :raises PersistenceError: if the log's header names another session.
         """
-        path = self._directory(session_id) / LOG_NAME
-        scan, repair = await anyio.to_thread.run_sync(self._read_log, path, session_id)
-        return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(path))
+        found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
+        scan, repair = await anyio.to_thread.run_sync(self._read_log, found.path, session_id)
+        return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
 
     async def load(self, session_id: str) -> StoredLog:
         """Read a log with recovery: cut a torn tail (kept beside the log), close an open turn.
 
         The repair is made durable before this returns, so loading twice changes nothing more.
+        A log in this project's earlier format is converted: written again, repaired, in the
+        current layout and format, its old file renamed ``session.jsonl.migrated``.
 
         :raises LiveSessionError: if the session is live here and its turn is still open.
         :raises SessionLockedError: if another process is writing the session.
@@ -439,87 +599,186 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """
         return await super().load(session_id)
 
-    def _recover(self, session_id: str) -> StoredLog:
-        directory = self._directory(session_id)
-        path = directory / LOG_NAME
-        if not _exists(path):
+    def _find_or_raise(self, session_id: str) -> _Found:
+        found = self._find(session_id)
+        if found is None:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}")
-        if not _exists(directory / LOCK_NAME):
+        return found
+
+    def _recover(self, session_id: str) -> StoredLog:
+        found = self._find_or_raise(session_id)
+        if found.earlier:
+            return self._convert(session_id, found.path)
+        path = found.path
+        directory = path.parent
+        leftover = self.root / earlier_directory(session_id) / LOG_NAME
+        if not _exists(directory / LOCK_NAME) and not _exists(leftover):
             # No writer has held the session (writers create the lock file and never remove
             # it): read the log before creating one, so that a refused recovery, or one with
             # nothing to do, leaves nothing behind. A change is made under the lock, after
             # reading the log again.
             scan, repair = self._read_log(path, session_id)
-            if not (scan.torn or repair):
+            if not (scan.torn or repair or scan.salvaged):
                 return StoredLog(scan.header, scan.events, (), 0, str(path))
         log = _Log(path, self._lock(session_id, directory))
         try:
             scan, repair = self._read_log(path, session_id)
             if scan.torn:
-                self._keep_torn(directory, scan.committed_bytes, scan.torn)
-            if scan.torn or repair:
+                self._keep_torn(path, scan.committed_bytes, scan.torn)
+            salvaged = scan.events[len(scan.events) - scan.salvaged :] if scan.salvaged else ()
+            if scan.torn or repair or salvaged:
                 fd = log.fd = self.files.open_append(path)
                 self.files.truncate(fd, scan.committed_bytes)
                 self.files.fsync(fd)  # the cut is durable before anything follows it
                 log.size = scan.committed_bytes
-                if repair:
-                    self._append_bytes(log, fd, encode_events(repair))
+                if repair or salvaged:
+                    self._append_bytes(log, fd, self._encode(salvaged + repair, log.compression))
+            if _exists(leftover):  # a conversion was interrupted after its new log was written
+                self._retire_earlier(session_id, leftover)
             return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), str(path))
         finally:
             self._release(log)
+
+    def _convert(self, session_id: str, earlier: Path) -> StoredLog:
+        """Recover a log in the earlier format into a new log in the current layout and format.
+
+        The new log (header, every stored event, the repair, as one batch) is published
+        atomically; only then is the old file renamed, so a crash in between leaves both, and
+        the next recovery finds the new one and renames the old one.
+        """
+        old_lock = self._lock(session_id, earlier.parent)
+        try:
+            scan, repair = self._read_log(earlier, session_id)
+            if scan.torn:
+                self._keep_torn(earlier, scan.committed_bytes, scan.torn)
+            directory = self._session_directory(NO_CWD, session_id)
+            path = directory / ZSTD_LOG_NAME if self.compression == "zstd" else directory / LOG_NAME
+            self.files.makedirs(directory)
+            log = _Log(path, self._lock(session_id, directory))
+            try:
+                header = SessionHeader(session_id, scan.header.created_at)
+                events = scan.events + repair
+                data = _header_bytes(header, self.compression) + self._encode(
+                    events, self.compression
+                )
+                self.files.publish(path, data)
+                self._retire_earlier(session_id, earlier)
+            finally:
+                self._release(log)
+            return StoredLog(header, events, repair, len(scan.torn), str(path))
+        finally:
+            self.files.unlock(old_lock)
+
+    def _retire_earlier(self, session_id: str, earlier: Path) -> None:
+        """Rename a converted log of the earlier format, so that it is read no more."""
+        target = earlier.with_name(earlier.name + MIGRATED_SUFFIX)
+        attempt = 1
+        while _exists(target):
+            attempt += 1
+            target = earlier.with_name(f"{earlier.name}{MIGRATED_SUFFIX}.{attempt}")
+        self.files.rename(earlier, target)
 
     def _read_log(self, path: Path, session_id: str) -> tuple[Scan, tuple[SessionEvent, ...]]:
         """Read the log of *session_id* at *path*: what it holds, and the closers it needs.
 
         Bytes were cut after the events if they are torn now, or if a recovery cut them there
-        and stopped before closing the turn (the bytes it kept are named after the offset).
+        and stopped before closing the turn (the bytes it kept are named after the offset);
+        what that recovery salvaged from them is salvaged again from the kept copy.
         """
-        scan = _scan_session(self._read(path), path, session_id)
-        kept = path.with_name(f"{LOG_NAME}.torn-{scan.committed_bytes}")
-        tail_cut = bool(scan.torn) or kept.exists()
+        scan = self._scan_session(self._read(path, session_id), path, session_id)
+        kept = path.with_name(f"{path.name}.torn-{scan.committed_bytes}")
+        tail_cut = bool(scan.torn) or _exists(kept)
+        if not scan.torn and tail_cut and path.name == ZSTD_LOG_NAME:
+            scan = salvage(scan, self.files.read(kept), path)
         return scan, interrupted_turn_closers(scan.events, tail_cut=tail_cut)
 
-    def _keep_torn(self, directory: Path, offset: int, torn: bytes) -> None:
+    def _keep_torn(self, path: Path, offset: int, torn: bytes) -> None:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
-        name, attempt = f"{LOG_NAME}.torn-{offset}", 1
-        keep = directory / name
+        name, attempt = f"{path.name}.torn-{offset}", 1
+        keep = path.with_name(name)
         while _exists(keep):
             if self.files.read(keep) == torn:
                 return
             attempt += 1
-            keep = directory / f"{name}.{attempt}"
+            keep = path.with_name(f"{name}.{attempt}")
         self.files.publish(keep, torn)
 
     def _scan_sessions(self) -> SessionListing:
         if not self.root.is_dir():
             return SessionListing((), ())
-        headers: list[SessionHeader] = []
+        found: list[tuple[SessionHeader, Path]] = []
+        earlier: list[tuple[SessionHeader, Path]] = []
         problems: list[SessionProblem] = []
+        seen: dict[str, Path] = {}
         for entry in sorted(self.root.iterdir()):
-            path = entry / LOG_NAME
             try:
                 if entry.is_symlink():
                     _refuse_link(entry)
-                if not _exists(path):
-                    continue  # not a session, or one whose log was never published
-                headers.append(scan_log(self.files.read_first_line(path), path).header)
+                if not entry.is_dir():
+                    continue
+                if _is_earlier_log(entry / LOG_NAME):  # a session of the earlier layout
+                    log = entry / LOG_NAME
+                    earlier.append((self._listed_header(log), log))
+                    continue
+                directories = sorted(entry.iterdir())
             except (PersistenceError, OSError) as exc:
                 problems.append(SessionProblem(entry, exc))
-        headers.sort(key=lambda header: (header.created_at, header.id))
-        return SessionListing(tuple(headers), tuple(problems))
+                continue
+            for directory in directories:
+                try:
+                    if directory.is_symlink():
+                        _refuse_link(directory)
+                    listed = self._log_in(directory) if directory.is_dir() else None
+                    if listed is None:
+                        continue  # not a session, or one whose log was never published
+                    log = listed
+                    header = self._listed_header(log)
+                    if header.id in seen:
+                        raise PersistenceError(
+                            f"session {header.id!r} has logs in several project directories: "
+                            f"{seen[header.id]} and {log}"
+                        )
+                    seen[header.id] = log
+                    found.append((header, log))
+                except (PersistenceError, OSError) as exc:
+                    problems.append(SessionProblem(directory, exc))
+        # A log left in the earlier layout by an interrupted conversion is not listed twice.
+        found += [(header, log) for header, log in earlier if header.id not in seen]
+        found.sort(key=lambda listed: (listed[0].created_at, listed[0].id))
+        return SessionListing(
+            tuple(header for header, _ in found),
+            tuple(problems),
+            tuple(log for _, log in found),
+        )
 
-    def _read(self, path: Path) -> bytes:
+    def _listed_header(self, log: Path) -> SessionHeader:
+        header = read_header(self.files.read_head(log), log)
+        self._expected_log(header, log)
+        return header
+
+    def _read(self, path: Path, session_id: str) -> bytes:
         try:
             return self.files.read(path)
         except FileNotFoundError:
-            session_id = decode_session_id(path.parent.name)
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _directory(self, session_id: str) -> Path:
-        directory = self.root / encode_session_id(session_id)
-        if directory.is_symlink():
-            _refuse_link(directory)
-        return directory
+    def _scan_session(self, data: bytes, path: Path, session_id: str) -> Scan:
+        """:func:`scan_log`, refusing a log whose header names another session (a copied log),
+        or a place other than where it is."""
+        scan = scan_log(data, path)
+        if scan.header.id != session_id:
+            raise PersistenceError(
+                f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
+                "refusing to read or change it as that session"
+            )
+        self._expected_log(scan.header, path)
+        return scan
+
+
+def _header_bytes(header: SessionHeader, compression: Compression) -> bytes:
+    """The header record: a line, or a frame of its own in a compressed log."""
+    line = encode_header(header)
+    return compress_frame(line) if compression == "zstd" else line
 
 
 def _refuse_link(directory: Path) -> NoReturn:
@@ -533,12 +792,7 @@ def _exists(path: Path) -> bool:
     return path.is_symlink() or path.exists()
 
 
-def _scan_session(data: bytes, path: Path, session_id: str) -> Scan:
-    """:func:`scan_log`, refusing a log whose header names another session (a copied log)."""
-    scan = scan_log(data, path)
-    if scan.header.id != session_id:
-        raise PersistenceError(
-            f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
-            "refusing to read or change it as that session"
-        )
-    return scan
+def _is_earlier_log(path: Path) -> bool:
+    """Whether *path* names a log of the earlier layout (anything but a directory: a session
+    directory of the current layout may have that name)."""
+    return path.is_symlink() or (path.exists() and not path.is_dir())

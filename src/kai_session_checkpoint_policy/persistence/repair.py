@@ -11,14 +11,19 @@ A log that ends inside a turn is closed by synthetic events, in this order:
 3. ``turn/end`` with reason ``{"kind": "interrupted"}``.
 
 Their seqs continue the log and their time is the time of the last event, so the repair of a
-given log is always the same. Recovery never dispatches anything again: the model decides.
+given log is always the same. A repaired result is marked as such in its message id
+(``interrupted-tool-result-<call id>-<seq>``) and, like every result, cites the ``tool/call``
+it answers in ``sourceEventSeqs`` when that is in the log. The closers are the original
+harness's, envelope included; the texts the model reads are this package's own. Recovery never
+dispatches anything again: the model decides.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from ..events import JSONObject, SessionEvent, encode_data, tool_result_data
+from .. import eventdata
+from ..events import JSONObject, SessionEvent, encode_data
 from ..results import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, not_started, outcome_unknown
 
 if TYPE_CHECKING:
@@ -50,7 +55,7 @@ def interrupted_turn_closers(
         return ()
     turn = _int(events[start].data, "turn")
     step: int | None = None
-    pending: dict[str, tuple[int, bool]] = {}  # call id -> (step, tool/call recorded)
+    pending: dict[str, tuple[int, int | None]] = {}  # call id -> (step, seq of its tool/call)
     for event in events[start + 1 :]:
         data = event.data
         if event.type == "step/start":
@@ -58,57 +63,50 @@ def interrupted_turn_closers(
         elif event.type == "step/end":
             step, pending = None, {}
         elif event.type == "assistant/message":
-            for call_id in _tool_call_ids(data):
-                pending[call_id] = (_int(data, "step"), False)
+            for call_id in eventdata.tool_call_ids(data):
+                pending[call_id] = (_int(data, "step"), None)
         elif event.type == "tool/call":
             started = data.get("callId")
             if isinstance(started, str) and started in pending:
-                pending[started] = (pending[started][0], True)
+                pending[started] = (pending[started][0], event.seq)
         elif event.type == "tool/result":
-            answered = _result_call_id(data)
+            answered = eventdata.result_call_id(data)
             if answered is not None:
                 pending.pop(answered, None)
-    closers: list[tuple[str, JSONObject]] = [
-        (
-            "tool/result",
-            tool_result_data(
-                turn,
-                call_step,
-                call_id,
-                _OUTCOME_UNKNOWN if recorded or tail_cut else _NOT_STARTED,
-            ),
-        )
-        for call_id, (call_step, recorded) in pending.items()
-    ]
-    if step is not None:
-        closers.append(("step/end", {"turn": turn, "step": step}))
-    closers.append(("turn/end", {"turn": turn, "reason": {"kind": "interrupted"}}))
     seq, time = len(events), events[-1].time
-    return tuple(
-        SessionEvent(event_type, seq + index, time, *encode_data(event_type, data))
-        for index, (event_type, data) in enumerate(closers)
+    closers: list[SessionEvent] = []
+    for call_id, (call_step, call_seq) in pending.items():
+        result = _OUTCOME_UNKNOWN if call_seq is not None or tail_cut else _NOT_STARTED
+        message_id = eventdata.interrupted_result_id(call_id, seq)
+        answer = eventdata.tool_result(turn, call_step, call_id, result, message_id=message_id)
+        sources = None if call_seq is None else (call_seq,)
+        closers.append(_closer("tool/result", seq, time, answer, sources))
+        seq += 1
+    if step is not None:
+        closers.append(_closer("step/end", seq, time, eventdata.step_data(turn, step)))
+        seq += 1
+    reason: JSONObject = {"kind": "interrupted"}
+    closers.append(_closer("turn/end", seq, time, eventdata.turn_end(turn, reason)))
+    return tuple(closers)
+
+
+def _closer(
+    event_type: str, seq: int, time: int, data: object, sources: tuple[int, ...] | None = None
+) -> SessionEvent:
+    surface = event_type == "tool/result"
+    copy, encoded = encode_data(event_type, data)
+    return SessionEvent(
+        event_type,
+        seq,
+        time,
+        copy,
+        encoded,
+        "append" if surface else None,
+        sources,
+        surface_op_first=True,  # as the original's repair writes its closers
     )
 
 
 def _int(data: JSONObject, key: str) -> int:
     value = data.get(key)
     return value if type(value) is int else 0
-
-
-def _tool_call_ids(data: JSONObject) -> list[str]:
-    message = data.get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    ids: list[str] = []
-    for block in content if isinstance(content, list) else []:
-        if isinstance(block, dict) and block.get("type") == "tool-call":
-            call_id = block.get("id")
-            if isinstance(call_id, str):
-                ids.append(call_id)
-    return ids
-
-
-def _result_call_id(data: JSONObject) -> str | None:
-    message = data.get("message")
-    source = message.get("source") if isinstance(message, dict) else None
-    call_id = source.get("callId") if isinstance(source, dict) else None
-    return call_id if isinstance(call_id, str) else None
