@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import unicodedata
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
@@ -544,7 +543,7 @@ def hostile_log(root: Path, session_id: str = HOSTILE_ID) -> list[SessionEvent]:
     records.append(("assistant/message", asked))
     records.append(("tool/call", {"turn": 1, "step": 1, "callId": HOSTILE, "name": "w"}))
     logged = [  # events of other types than the format's, as a reader may skip them
-        replace(event, ignorable=event.type.startswith("note")) for event in events(*records)
+        event.replace(ignorable=event.type.startswith("note")) for event in events(*records)
     ]
     write_log(root, session_id, log_bytes(session_id, logged))
     return logged

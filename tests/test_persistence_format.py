@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -116,7 +115,7 @@ def test_event_line_layout() -> None:
     assert live.encode() == (
         '{"type":"tool/result","seq":3,"time":1,"data":{},"sourceEventSeqs":[2],"surfaceOp":"append"}'
     )
-    closer = replace(live, surface_op_first=True, ignorable=True)
+    closer = live.replace(surface_op_first=True, ignorable=True)
     assert closer.encode() == (
         '{"type":"tool/result","seq":3,"time":1,"data":{},"surfaceOp":"append",'
         '"sourceEventSeqs":[2],"ignorable":true}'

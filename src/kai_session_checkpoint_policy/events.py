@@ -19,9 +19,11 @@ import json
 import json.encoder
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, TypeVar, cast
+
+import msgspec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +39,7 @@ __all__ = [
     "EventDataError",
     "JSONObject",
     "SessionEvent",
+    "StoredDataError",
     "SurfaceOp",
     "SurfaceReplace",
     "encode_data",
@@ -138,6 +141,17 @@ _make_c_encoder: Final[Callable[..., Callable[[object, int], Iterable[str]]] | N
 )
 
 
+_fast_encoder: Final = msgspec.json.Encoder()
+_fast_decoder: Final = msgspec.json.Decoder()
+_FAST_PATH_ERRORS: Final = (
+    TypeError,
+    ValueError,
+    OverflowError,
+    RecursionError,
+    msgspec.MsgspecError,
+)
+
+
 def _encode(value: object) -> str:
     """``_encoder.encode(value)``, without the setup it repeats on every call.
 
@@ -201,28 +215,155 @@ SurfaceOp: TypeAlias = 'Literal["append"] | SurfaceReplace'
 :class:`SurfaceReplace` (JSON ``{"op": "replace", "start": ..., "end": ...}``)."""
 
 
-@dataclass(frozen=True, slots=True)
+class _Unread:
+    """The data of a stored event that has not been decoded yet."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<not decoded yet>"
+
+
+_UNREAD: Final = _Unread()
+
+
+class StoredDataError(ValueError):
+    """The stored data of an event, decoded only when it was first read, is not valid data.
+
+    Reading a log checks every record's envelope at once, and the data of the events recovery
+    needs; the data of the others is checked when it is first read.
+    """
+
+
 class SessionEvent:
     """One entry of a session's event log.
 
-    Treat ``data`` as read-only: it is the log's own copy, shared with every reader.
+    Treat an event, and its ``data``, as read-only: it is the log's own copy, shared with every
+    reader. An event read from storage keeps its data encoded until ``data`` is first read
+    (:meth:`stored`), so that a long log nobody reads the chunks of holds them as bytes.
     """
+
+    __slots__ = ("_data", "_encoded", "_envelope", "seq", "time", "type")
 
     type: str
     seq: int
     time: int
-    data: JSONObject
-    data_json: str | None = field(default=None, repr=False, compare=False)
-    """The canonical encoding of ``data`` when known (compact, ASCII, no NaN)."""
-    surface_op: SurfaceOp | None = None
-    """How a surface event changes the transcript; ``None`` on every other type."""
-    source_event_seqs: tuple[int, ...] | None = None
-    """The seqs of the events a surface event was made from, when known."""
-    ignorable: bool = False
-    """Whether a reader that does not know the event's type may go on without it."""
-    surface_op_first: bool = field(default=False, repr=False, compare=False)
-    """Whether ``surfaceOp`` is written before ``sourceEventSeqs``, as the original harness's
-    crash repair writes them (every other writer puts ``sourceEventSeqs`` first)."""
+
+    def __init__(
+        self,
+        type: str,
+        seq: int,
+        time: int,
+        data: JSONObject,
+        data_json: str | None = None,
+        surface_op: SurfaceOp | None = None,
+        source_event_seqs: tuple[int, ...] | None = None,
+        ignorable: bool = False,
+        surface_op_first: bool = False,
+    ) -> None:
+        self.type = type
+        self.seq = seq
+        self.time = time
+        self._data: JSONObject | _Unread = data
+        self._encoded: str | bytes | memoryview | msgspec.Raw | None = data_json
+        self._envelope: tuple[SurfaceOp | None, tuple[int, ...] | None, bool, bool] | None = (
+            None
+            if surface_op is None and source_event_seqs is None and not ignorable
+            else (surface_op, source_event_seqs, ignorable, surface_op_first)
+        )
+
+    @classmethod
+    def stored(
+        cls, type: str, seq: int, time: int, encoded_data: bytes | memoryview | msgspec.Raw
+    ) -> SessionEvent:
+        """An event read from storage, its data kept as the JSON text *encoded_data* until read.
+
+        Only for events without ``surfaceOp``, ``sourceEventSeqs`` or ``ignorable``.
+        """
+        event = cls.__new__(cls)
+        event.type, event.seq, event.time = type, seq, time
+        event._data, event._encoded, event._envelope = _UNREAD, encoded_data, None
+        return event
+
+    @property
+    def data(self) -> JSONObject:
+        """The event's data.
+
+        :raises StoredDataError: if the event was read from storage and its data, decoded now,
+            is not a JSON object of finite numbers nested at most :data:`MAX_JSON_DEPTH`.
+        """
+        data = self._data
+        if isinstance(data, _Unread):
+            data = self._data = _decode_stored(self.type, self.seq, self._encoded)
+        return data
+
+    @property
+    def data_json(self) -> str | None:
+        """The encoding of ``data`` as it was written or read, when known."""
+        encoded = self._encoded
+        if encoded is None or isinstance(encoded, str):
+            return encoded
+        return bytes(encoded).decode("utf-8", "surrogatepass")
+
+    @property
+    def surface_op(self) -> SurfaceOp | None:
+        """How a surface event changes the transcript; ``None`` on every other type."""
+        return None if self._envelope is None else self._envelope[0]
+
+    @property
+    def source_event_seqs(self) -> tuple[int, ...] | None:
+        """The seqs of the events a surface event was made from, when known."""
+        return None if self._envelope is None else self._envelope[1]
+
+    @property
+    def ignorable(self) -> bool:
+        """Whether a reader that does not know the event's type may go on without it."""
+        return self._envelope is not None and self._envelope[2]
+
+    @property
+    def surface_op_first(self) -> bool:
+        """Whether ``surfaceOp`` is written before ``sourceEventSeqs``, as the original harness's
+        crash repair writes them (every other writer puts ``sourceEventSeqs`` first)."""
+        return self._envelope is not None and self._envelope[3]
+
+    def replace(self, **changes: Any) -> SessionEvent:
+        """A copy with *changes* (any of the constructor's arguments), as ``dataclasses.replace``.
+
+        A new ``data`` drops the encoding the event had.
+        """
+        fields: dict[str, Any] = {
+            "type": self.type,
+            "seq": self.seq,
+            "time": self.time,
+            "data": self.data,
+            "data_json": self.data_json,
+            "surface_op": self.surface_op,
+            "source_event_seqs": self.source_event_seqs,
+            "ignorable": self.ignorable,
+            "surface_op_first": self.surface_op_first,
+        }
+        if "data" in changes:
+            fields["data_json"] = None
+        fields.update(changes)
+        return SessionEvent(**fields)
+
+    def _key(self) -> tuple[object, ...]:
+        envelope = self._envelope
+        return (self.type, self.seq, self.time, None if envelope is None else envelope[:3])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SessionEvent):
+            return NotImplemented
+        return self._key() == other._key() and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]  # its data is mutable JSON
+
+    def __repr__(self) -> str:
+        parts = f"type={self.type!r}, seq={self.seq!r}, time={self.time!r}, data={self.data!r}"
+        if self._envelope is not None:
+            op, seqs, ignorable, _first = self._envelope
+            parts += f", surface_op={op!r}, source_event_seqs={seqs!r}, ignorable={ignorable!r}"
+        return f"SessionEvent({parts})"
 
     def to_json(self) -> JSONObject:
         """Return the envelope as a JSON object, with the keys :meth:`encode` writes."""
@@ -233,15 +374,12 @@ class SessionEvent:
             "data": self.data,
         }
         seqs: JSON = None if self.source_event_seqs is None else list(self.source_event_seqs)
-        op: JSON = (
-            self.surface_op
-            if isinstance(self.surface_op, (str, type(None)))
-            else (self.surface_op.to_json())
-        )
+        op = self.surface_op
+        op_json: JSON = op if isinstance(op, (str, type(None))) else op.to_json()
         for key, value in (
-            (("surfaceOp", op), ("sourceEventSeqs", seqs))
+            (("surfaceOp", op_json), ("sourceEventSeqs", seqs))
             if self.surface_op_first
-            else (("sourceEventSeqs", seqs), ("surfaceOp", op))
+            else (("sourceEventSeqs", seqs), ("surfaceOp", op_json))
         ):
             if value is not None:
                 envelope[key] = value
@@ -254,14 +392,15 @@ class SessionEvent:
 
         The keys are ``type``, ``seq``, ``time``, ``data``, then those that are set of
         ``sourceEventSeqs`` and ``surfaceOp`` (in the other order if
-        :attr:`surface_op_first`), then ``ignorable``.
+        :attr:`surface_op_first`), then ``ignorable``. The data is written as it was encoded
+        when appended, or as it was read.
         """
         encoded_type = _ENCODED_TYPES.get(self.type) or _encode_string(self.type)
-        head = (
-            f'{{"type":{encoded_type},"seq":{self.seq},"time":{self.time},'
-            f'"data":{self.data_json or _encode(self.data)}'
-        )
-        if self.surface_op is None and self.source_event_seqs is None and not self.ignorable:
+        data = self.data_json
+        if data is None:
+            data = _encode(self.data)
+        head = f'{{"type":{encoded_type},"seq":{self.seq},"time":{self.time},"data":{data}'
+        if self._envelope is None:
             return head + "}"
         return head + self._envelope_tail() + "}"
 
@@ -322,15 +461,108 @@ def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
     """Check that *data* is a lossless JSON object; return a private copy and its encoding.
 
     The data may nest at most :data:`MAX_JSON_DEPTH` levels of arrays and objects. How deep the
-    caller's own stack is does not matter.
+    caller's own stack is does not matter. The encoding is compact ASCII JSON.
+
+    Lossless means that the data reads back equal: it is encoded and decoded again, by the
+    compiled codec (``msgspec``) where the encoding is ASCII and the compiled codec can carry
+    it, else by the standard library's, whose round trip also names what would change.
 
     :raises EventDataError: naming the event type and the path of the first offending value,
         or how deep the data nests.
     """
+    if type(data) is dict:
+        try:
+            encoded = _fast_encoder.encode(data)
+            if encoded.isascii():
+                copy = _fast_decoder.decode(encoded)
+                if copy == data and not _maybe_too_deep(encoded, copy):
+                    return copy, encoded.decode("ascii")
+        except _FAST_PATH_ERRORS:
+            pass  # the standard library's path says what is wrong, if anything is
     try:
         return _checked(event_type, data, False)
     except RecursionError:
         return on_fresh_stack(partial(_checked, event_type, data, True))
+
+
+def _maybe_too_deep(encoded: bytes | str, decoded: JSON) -> bool:
+    """Whether *decoded* (encoded as *encoded*) may nest deeper than :data:`MAX_JSON_DEPTH`.
+
+    Data nests no deeper than half its encoding's length, nor than it has brackets, so most
+    data need not be measured; counting a long encoding costs more than measuring it.
+    """
+    size = len(encoded)
+    if size <= 2 * MAX_JSON_DEPTH:
+        return False
+    if size <= _COUNTED_TEXT and _openers(encoded) <= MAX_JSON_DEPTH:
+        return False
+    return json_depth(decoded) > MAX_JSON_DEPTH
+
+
+def _openers(encoded: bytes | str) -> int:
+    """How many arrays and objects *encoded* may open (brackets in strings count too)."""
+    if isinstance(encoded, bytes):
+        return encoded.count(b"[") + encoded.count(b"{")
+    return encoded.count("[") + encoded.count("{")
+
+
+def _decode_stored(
+    event_type: str, seq: int, encoded: str | bytes | memoryview | msgspec.Raw | None
+) -> JSONObject:
+    """The data of a stored event, decoded and checked; see :class:`StoredDataError`."""
+    if encoded is None:  # pragma: no cover - an event has data or its encoding
+        raise StoredDataError(f"the {event_type!r} event (seq {seq}) has no data")
+    try:
+        data: JSON = _fast_decoder.decode(encoded)
+    except (msgspec.MsgspecError, RecursionError):
+        # What the compiled codec refuses (a lone surrogate escaped, a non-finite number, data
+        # too deep for this stack): the standard library's decoder, which says why.
+        text = encoded if isinstance(encoded, str) else bytes(encoded).decode("utf-8", "replace")
+        try:
+            try:
+                data = _strict_loads(text)
+            except RecursionError:
+                data = on_fresh_stack(partial(_strict_loads, text))
+        except _BadData as exc:
+            _refuse_stored(event_type, seq, str(exc))
+    if not isinstance(data, dict):
+        _refuse_stored(event_type, seq, "its data is not a JSON object")
+    if _maybe_too_deep(encoded if isinstance(encoded, str) else bytes(encoded), data):
+        # (bytes() of a raw slice is a copy, made only for data long enough to be measured)
+        _refuse_stored(event_type, seq, f"its data nests deeper than {MAX_JSON_DEPTH} levels")
+    return data
+
+
+def _refuse_stored(event_type: str, seq: int, problem: str) -> NoReturn:
+    raise StoredDataError(f"the stored {event_type!r} event (seq {seq}): {problem}")
+
+
+class _BadData(ValueError):
+    """Why stored data is not data this package reads."""
+
+
+def _not_finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadData(f"{text} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise _BadData(f"{name} is not a finite number")
+
+
+_strict_decoder: Final = json.JSONDecoder(parse_float=_not_finite, parse_constant=_no_constant)
+
+
+def _strict_loads(text: str) -> JSON:
+    try:
+        value: JSON = _strict_decoder.decode(text)
+    except _BadData:
+        raise
+    except ValueError as exc:
+        raise _BadData(f"its data is not valid JSON ({exc})") from None
+    return value
 
 
 def _checked(event_type: str, data: object, fresh_stack: bool, /) -> tuple[JSONObject, str]:
@@ -348,15 +580,8 @@ def _checked(event_type: str, data: object, fresh_stack: bool, /) -> tuple[JSONO
             raise
         # Too deep even for a whole stack, so far deeper than the bound.
     else:
-        # Data nests no deeper than half its encoding's length, nor than it has brackets, so
-        # most data need not be measured. Counting a long encoding costs more than measuring.
-        size = len(encoded)
-        if size > 2 * MAX_JSON_DEPTH and (
-            size > _COUNTED_TEXT or encoded.count("[") + encoded.count("{") > MAX_JSON_DEPTH
-        ):
-            depth = json_depth(copy)
-            if depth > MAX_JSON_DEPTH:
-                raise _too_deep(event_type, str(depth))
+        if _maybe_too_deep(encoded, copy):
+            raise _too_deep(event_type, str(json_depth(copy)))
         if copy == data:
             return copy, encoded
     problem = _first_problem(data, "data")
