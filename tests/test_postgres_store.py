@@ -183,6 +183,24 @@ def test_a_schema_name_that_is_not_a_plain_identifier_is_refused(schema: str) ->
         PostgresSessionStore("postgresql:///nowhere", schema=schema)
 
 
+def test_a_store_that_only_reads_creates_no_schema(open_store: OpenStore, admin: Admin) -> None:
+    reader = open_store(migrate=False)
+
+    assert reader.schema_version == 0
+    assert reader.list_sessions() == []
+    assert (reader.exists("s"), reader.count("s")) == (False, 0)
+    with pytest.raises(SessionNotFoundError, match=r"^no session 's' in the PostgreSQL"):
+        reader.read("s")
+    assert fetch(admin, "SELECT nspname FROM pg_namespace WHERE nspname = 'kai_sessions'") == []
+
+    writer = open_store()  # another process creates the schema and writes a session
+    writer.append(writer.acquire("s", "host-a", 60), 0, TURN[:2])
+
+    assert reader.list_sessions() == [SessionHeader("s", T0, 1)]  # the reader sees it now
+    assert (reader.exists("s"), reader.count("s")) == (True, 2)
+    assert reader.migrate() == reader.schema_version == SCHEMA_VERSION
+
+
 # -- reading and writing ------------------------------------------------------------------------
 
 
@@ -222,6 +240,38 @@ def test_a_session_that_does_not_exist_is_not_found(open_store: OpenStore) -> No
         with pytest.raises(SessionNotFoundError, match=rf"^no session '{session_id}' in the "):
             store.read(session_id)
     assert store.list_sessions() == []
+
+
+def test_exists_and_count_answer_from_the_stored_events(open_store: OpenStore) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 60)
+    assert (store.exists("s"), store.count("s")) == (False, 0)  # a lease alone is no session
+
+    store.append(lease, 0, TURN[:3])
+
+    assert (store.exists("s"), store.count("s")) == (True, 3)
+    assert (store.exists("other"), store.count("other")) == (False, 0)
+
+
+def test_a_long_log_is_read_a_chunk_at_a_time_in_one_snapshot(
+    open_store: OpenStore, admin: Admin
+) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN)
+    later = event("turn/start", len(TURN), {"turn": 2})
+    seen: list[str] = []
+
+    def consume(header: SessionHeader, records: Iterator[str]) -> SessionHeader:
+        for record in records:
+            seen.append(record)
+            if len(seen) == 2:  # between two chunks, another writer appends
+                store.append(lease, len(TURN), [later])
+        return header
+
+    assert store.read_with("s", consume, chunk=2) == SessionHeader("s", T0, 1)
+    assert tuple(seen) == RECORDS  # the snapshot the read started with
+    assert store.read("s").records == (*RECORDS, later.encode())
 
 
 def test_a_gap_or_a_repeat_is_refused_and_nothing_is_written(
@@ -370,6 +420,44 @@ def test_renew_and_release(open_store: OpenStore, admin: Admin) -> None:
     assert str(never.value) == (
         "the lease of 'x' (epoch 1) on session 'n' was never granted; refusing to write"
     )
+
+
+def test_a_lease_that_expired_without_a_takeover_is_renewed_at_its_epoch(
+    open_store: OpenStore, admin: Admin
+) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 0.5)
+    store.append(lease, 0, TURN[:1])
+    wait_until_expired(admin, lease)
+
+    renewed = store.renew(lease)  # nobody took it over: nobody else wrote under it
+
+    assert (renewed.owner, renewed.epoch) == ("host-a", 1)
+    assert renewed.expires_at > lease.expires_at
+    assert store.append(renewed, 1, TURN[1:2]) == 1
+    with pytest.raises(SessionLockedError, match=r"^session 's' is held by 'host-a'"):
+        open_store().acquire("s", "host-b", 60)
+
+
+def test_renew_many_renews_each_lease_still_held_and_names_each_lost_one(
+    open_store: OpenStore, admin: Admin
+) -> None:
+    store, other = open_store(), open_store()
+    kept, lost = store.acquire("a", "host-a", 30), store.acquire("b", "host-a", 0.5)
+    wait_until_expired(admin, lost)
+    other.acquire("b", "host-b", 60)
+
+    renewed, refused = store.renew_many([kept, lost])
+
+    assert isinstance(renewed, Lease)
+    assert (renewed.session_id, renewed.epoch) == ("a", 1)
+    assert renewed.expires_at > kept.expires_at
+    assert isinstance(refused, LeaseLostError)
+    assert str(refused) == (
+        "the lease of 'host-a' (epoch 1) on session 'b' was taken over by 'host-b' (epoch 2); "
+        "cannot renew it"
+    )
+    assert store.renew_many([]) == []
 
 
 def test_a_writer_paused_inside_a_batch_delays_a_takeover_only_for_a_bound(

@@ -21,11 +21,12 @@ queries. A session's header is its ``sessions`` row, created with its first batc
 epoch, expiry), renews it, and every batch is checked against it in the batch's own transaction
 (fencing). Expiry is by the *database server's* clock (``clock_timestamp()``), so it means the
 same to every machine, and a lease expires by time even while its holder's connection stays
-open. Taking over an expired lease increments the epoch. The lease row is locked (``FOR
-UPDATE``) by each batch, so a takeover waits for a batch in flight to commit; every statement
-that locks the row has a ``lock_timeout``, and the server ends a transaction that stays idle
-(``idle_in_transaction_session_timeout``), so a writer paused inside a batch can delay a
-takeover but never block it forever.
+open. Taking over an expired lease increments the epoch; its holder may renew a lease that
+expired as long as nobody took it over (no other writer has held that epoch). The lease row is
+locked (``FOR UPDATE``) by each batch, so a takeover waits for a batch in flight to commit;
+every statement that locks the row has a ``lock_timeout``, and the server ends a transaction
+that stays idle (``idle_in_transaction_session_timeout``), so a writer paused inside a batch
+can delay a takeover but never block it forever.
 
 **Batches.** A batch is one transaction that checks the lease, checks that the stored log holds
 exactly the events before the batch, and inserts the batch; the primary key makes a duplicate
@@ -40,6 +41,11 @@ before a server restart, or a backend that was terminated); otherwise the error 
 pool's ``timeout``, and every statement has ``statement_timeout``: a server that is down or
 unreachable makes a call fail within about ``pool_timeout`` seconds, and once the server is back
 the same store works again.
+
+**Reading changes nothing.** A store opened with ``migrate=False`` creates no schema: on a
+database without one, it holds no sessions; :meth:`PostgresSessionStore.migrate` creates it
+when the first write needs it. Reads stream the records from a server-side cursor, a chunk at a
+time, so a long log is never held twice in memory.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from .errors import (
 from .format import FORMAT_VERSION, SessionHeader, encode_session_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
 
     from psycopg.rows import TupleRow
@@ -202,6 +208,8 @@ class PostgresSessionStore:
     :param migration_timeout: Seconds a migration may wait for another process's migration, and
         each of its statements may run.
     :param application_name: Shown in ``pg_stat_activity`` for the store's connections.
+    :param migrate: Create or migrate the schema now; otherwise the store only reads until
+        :meth:`migrate` is called (a database without the schema then holds no sessions).
     """
 
     def __init__(
@@ -217,6 +225,7 @@ class PostgresSessionStore:
         idle_in_transaction_timeout: float = 10.0,
         migration_timeout: float = 60.0,
         application_name: str = "kai-session-store",
+        migrate: bool = True,
     ) -> None:
         checked: object = schema
         if not isinstance(checked, str) or not _IDENTIFIER.fullmatch(checked):
@@ -263,7 +272,12 @@ class PostgresSessionStore:
             open=True,
         )
         try:
-            self.schema_version: Final = self._migrate()
+            self.schema_version = (
+                self._migrate()
+                if migrate
+                else self._run("reading the schema version", self._stored_version)
+            )
+            """The version of the schema in the database (0: there is none yet)."""
         except BaseException:
             self._pool.close()
             raise
@@ -280,6 +294,11 @@ class PostgresSessionStore:
     def close(self) -> None:
         """Close every connection of the pool."""
         self._pool.close()
+
+    @property
+    def where(self) -> str:
+        """Where the database is, for messages: its name, host and port (never the password)."""
+        return self._where
 
     @staticmethod
     def _describe(parameters: Mapping[str, object]) -> str:
@@ -355,6 +374,12 @@ class PostgresSessionStore:
             )
         return version
 
+    def migrate(self) -> int:
+        """Create or migrate the schema, if it is not at :data:`SCHEMA_VERSION`; return that."""
+        if self.schema_version < SCHEMA_VERSION:
+            self.schema_version = self._migrate()
+        return self.schema_version
+
     def _migrate(self) -> int:
         """Apply the migrations the schema lacks, each in a transaction of its own.
 
@@ -364,6 +389,12 @@ class PostgresSessionStore:
         while (version := self._run("migrating the schema", self._migrate_once)) < SCHEMA_VERSION:
             pass
         return version
+
+    def _no_schema(self, connection: _Connection) -> bool:
+        """Whether the database has no schema yet (looked up again while it had none)."""
+        if self.schema_version == 0:
+            self.schema_version = self._stored_version(connection)
+        return self.schema_version == 0
 
     def _migrate_once(self, connection: _Connection) -> int:
         """Apply the next migration the schema lacks, if any; return the version it is at."""
@@ -441,26 +472,60 @@ class PostgresSessionStore:
         return self._run(f"acquiring the lease on session {session_id!r}", acquire)
 
     def renew(self, lease: Lease) -> Lease:
-        """Extend *lease* by its ttl from now.
+        """Extend *lease* by its ttl from now, even if it expired, unless it was taken over.
 
-        :raises LeaseLostError: if the lease expired or another owner took it over.
+        :raises LeaseLostError: if another owner took the lease over (or it was never granted).
         """
+        (renewed,) = self.renew_many([lease])
+        if isinstance(renewed, LeaseLostError):
+            raise renewed
+        return renewed
 
-        def renew(connection: _Connection) -> Lease:
-            row = connection.execute(
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | LeaseLostError]:
+        """Renew several leases in one statement; each one's renewal, or why it was lost.
+
+        A lease is renewed while its row still names its owner and epoch: nobody took it over,
+        so nobody else wrote under it, even if it expired meanwhile.
+        """
+        if not leases:
+            return []
+
+        def renew(connection: _Connection) -> list[Lease | LeaseLostError]:
+            rows = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases SET expires_at = clock_timestamp() + %s
-                       WHERE session_id = %s AND owner = %s AND epoch = %s
-                         AND expires_at > clock_timestamp()
-                       RETURNING expires_at"""
+                    """UPDATE {schema}.leases AS lease
+                       SET expires_at = clock_timestamp() + held.ttl
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::interval[])
+                           AS held(session_id, owner, epoch, ttl)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch
+                       RETURNING lease.session_id, lease.expires_at"""
                 ),
-                (timedelta(seconds=lease.ttl), lease.session_id, lease.owner, lease.epoch),
-            ).fetchone()
-            if row is None:
-                raise self._lease_lost(connection, lease, "cannot renew it")
-            return Lease(lease.session_id, lease.owner, lease.epoch, row[0], lease.ttl)
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                    [timedelta(seconds=lease.ttl) for lease in leases],
+                ),
+            ).fetchall()
+            expiries: dict[str, datetime] = dict(rows)
+            return [
+                Lease(
+                    lease.session_id,
+                    lease.owner,
+                    lease.epoch,
+                    expiries[lease.session_id],
+                    lease.ttl,
+                )
+                if lease.session_id in expiries
+                else self._lease_lost(connection, lease, "cannot renew it")
+                for lease in leases
+            ]
 
-        return self._run(f"renewing the lease on session {lease.session_id!r}", renew)
+        what = f"renewing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, renew)
 
     def release(self, lease: Lease) -> bool:
         """Give *lease* up (it expires now); return whether it was still held."""
@@ -659,31 +724,86 @@ class PostgresSessionStore:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def exists(self, session_id: str) -> bool:
+        """Whether the store holds a session *session_id* (a lease alone makes none)."""
+
+        def exists(connection: _Connection) -> bool:
+            if self._no_schema(connection):
+                return False
+            row = connection.execute(
+                self._sql("SELECT EXISTS (SELECT FROM {schema}.sessions WHERE session_id = %s)"),
+                (session_id,),
+            ).fetchone()
+            return bool(row and row[0])
+
+        return self._run(f"looking up session {session_id!r}", exists)
+
+    def count(self, session_id: str) -> int:
+        """How many events the store holds for *session_id* (0 for a session it does not hold)."""
+
+        def count(connection: _Connection) -> int:
+            if self._no_schema(connection):
+                return 0
+            row = connection.execute(
+                self._sql(
+                    "SELECT coalesce(max(seq) + 1, 0) FROM {schema}.events WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            assert row is not None
+            stored: int = row[0]
+            return stored
+
+        return self._run(f"counting the events of session {session_id!r}", count)
+
     def read(self, session_id: str) -> StoredRecords:
         """The header and the events' log lines of *session_id*, in seq order.
 
         :raises SessionNotFoundError: if the store holds no such session.
         """
+        return self.read_with(
+            session_id, lambda header, records: StoredRecords(header, tuple(records))
+        )
 
-        def read(connection: _Connection) -> StoredRecords:
+    def read_with(
+        self,
+        session_id: str,
+        consume: Callable[[SessionHeader, Iterator[str]], _T],
+        *,
+        chunk: int = 10_000,
+    ) -> _T:
+        """Return what *consume* makes of the header and the log lines of *session_id*.
+
+        *consume* gets the lines in seq order from a server-side cursor that fetches *chunk*
+        at a time, all in one read-only snapshot. It may be called again from the start, if
+        the connection broke before it returned.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+
+        def read(connection: _Connection) -> _T:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            row = connection.execute(
-                self._sql(
-                    "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
-                ),
-                (session_id,),
-            ).fetchone()
+            row = None
+            if not self._no_schema(connection):
+                row = connection.execute(
+                    self._sql(
+                        "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
+                    ),
+                    (session_id,),
+                ).fetchone()
             if row is None:
                 raise SessionNotFoundError(
                     f"no session {session_id!r} in the PostgreSQL session store, {self._where}"
                 )
-            records = connection.execute(
-                self._sql("SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"),
-                (session_id,),
-            ).fetchall()
-            return StoredRecords(
-                SessionHeader(session_id, row[0], row[1]), tuple(record for (record,) in records)
-            )
+            with connection.cursor(name="kai_session_records") as cursor:
+                cursor.itersize = chunk
+                cursor.execute(
+                    self._sql(
+                        "SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"
+                    ),
+                    (session_id,),
+                )
+                return consume(SessionHeader(session_id, row[0], row[1]), _first_column(cursor))
 
         return self._run(f"reading session {session_id!r}", read)
 
@@ -691,6 +811,8 @@ class PostgresSessionStore:
         """The headers of every stored session, oldest first."""
 
         def list_sessions(connection: _Connection) -> list[SessionHeader]:
+            if self._no_schema(connection):
+                return []
             rows = connection.execute(
                 self._sql(
                     """SELECT session_id, created_at, version FROM {schema}.sessions
@@ -700,3 +822,9 @@ class PostgresSessionStore:
             return [SessionHeader(*row) for row in rows]
 
         return self._run("listing sessions", list_sessions)
+
+
+def _first_column(rows: Iterable[tuple[object, ...]]) -> Iterator[str]:
+    for (record,) in rows:
+        assert isinstance(record, str)
+        yield record
