@@ -460,6 +460,16 @@ def test_renew_many_renews_each_lease_still_held_and_names_each_lost_one(
     assert store.renew_many([]) == []
 
 
+def test_release_many_gives_up_every_lease_still_held(open_store: OpenStore) -> None:
+    store, other = open_store(), open_store()
+    leases = [store.acquire(session_id, "host-a", 60) for session_id in ("a", "b", "c")]
+    assert store.release(leases[2]) is True
+
+    assert store.release_many(leases) == 2  # c was released already
+    assert store.release_many([]) == 0
+    assert [other.acquire(lease.session_id, "host-b", 60).epoch for lease in leases] == [2, 2, 2]
+
+
 def test_a_writer_paused_inside_a_batch_delays_a_takeover_only_for_a_bound(
     open_store: OpenStore, admin: Admin
 ) -> None:

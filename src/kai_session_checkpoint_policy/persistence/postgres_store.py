@@ -529,19 +529,34 @@ class PostgresSessionStore:
 
     def release(self, lease: Lease) -> bool:
         """Give *lease* up (it expires now); return whether it was still held."""
+        return self.release_many([lease]) == 1
 
-        def release(connection: _Connection) -> bool:
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        """Give several leases up in one statement; return how many were still held."""
+        if not leases:
+            return 0
+
+        def release(connection: _Connection) -> int:
             cursor = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases SET expires_at = clock_timestamp()
-                       WHERE session_id = %s AND owner = %s AND epoch = %s
-                         AND expires_at > clock_timestamp()"""
+                    """UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[])
+                           AS held(session_id, owner, epoch)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch AND lease.expires_at > clock_timestamp()"""
                 ),
-                (lease.session_id, lease.owner, lease.epoch),
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                ),
             )
-            return cursor.rowcount == 1
+            return cursor.rowcount
 
-        return self._run(f"releasing the lease on session {lease.session_id!r}", release)
+        what = f"releasing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, release)
 
     def _lease_lost(
         self, connection: _Connection, lease: Lease, consequence: str
