@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
@@ -191,7 +192,9 @@ class PostgresSessionStore:
     """Sessions, their events and their leases in one PostgreSQL schema.
 
     Creating a store opens its connection pool and creates or migrates the schema; close it
-    with :meth:`close` (or use it as a context manager).
+    with :meth:`close` (or use it as a context manager). With ``open=False`` it only checks its
+    options: the database is contacted on the first call, and the schema is created only by
+    :meth:`migrate` (until then, a database without the schema holds no sessions).
 
     :param dsn: A libpq connection string or ``postgresql://`` URI.
     :param schema: The schema that holds the tables: a plain lowercase SQL identifier.
@@ -208,8 +211,7 @@ class PostgresSessionStore:
     :param migration_timeout: Seconds a migration may wait for another process's migration, and
         each of its statements may run.
     :param application_name: Shown in ``pg_stat_activity`` for the store's connections.
-    :param migrate: Create or migrate the schema now; otherwise the store only reads until
-        :meth:`migrate` is called (a database without the schema then holds no sessions).
+    :param open: Whether to connect and migrate now.
     """
 
     def __init__(
@@ -225,7 +227,7 @@ class PostgresSessionStore:
         idle_in_transaction_timeout: float = 10.0,
         migration_timeout: float = 60.0,
         application_name: str = "kai-session-store",
-        migrate: bool = True,
+        open: bool = True,
     ) -> None:
         checked: object = schema
         if not isinstance(checked, str) or not _IDENTIFIER.fullmatch(checked):
@@ -249,7 +251,7 @@ class PostgresSessionStore:
         }
         connect_seconds = max(2, math.ceil(_seconds("connect_timeout", connect_timeout)))
         parameters = conninfo_to_dict(dsn)
-        self._where: Final = self._describe(parameters)
+        self._where: Final = self.describe(parameters)
         # Set at connection start, after any options the connection string gives.
         options = [str(parameters.get("options") or "")] + [
             f"-c {name}={_milliseconds(seconds)}" for name, seconds in server_settings.items()
@@ -269,18 +271,18 @@ class PostgresSessionStore:
             # 4... seconds) would keep requests waiting long after the server is back.
             reconnect_timeout=self.pool_timeout / 2,
             name=f"kai-sessions-{schema}",
-            open=True,
+            open=False,
         )
-        try:
-            self.schema_version = (
-                self._migrate()
-                if migrate
-                else self._run("reading the schema version", self._stored_version)
-            )
-            """The version of the schema in the database (0: there is none yet)."""
-        except BaseException:
-            self._pool.close()
-            raise
+        self._opening: Final = threading.Lock()
+        self._closed = False
+        self.schema_version = 0
+        """The version of the schema in the database, as last seen (0: none seen yet)."""
+        if open:
+            try:
+                self.migrate()
+            except BaseException:
+                self._pool.close()
+                raise
 
     def __repr__(self) -> str:
         return f"<PostgresSessionStore {self._where}, schema {self.schema!r}>"
@@ -292,7 +294,9 @@ class PostgresSessionStore:
         self.close()
 
     def close(self) -> None:
-        """Close every connection of the pool."""
+        """Close every connection of the pool; the store cannot be used afterwards."""
+        with self._opening:
+            self._closed = True
         self._pool.close()
 
     @property
@@ -301,7 +305,7 @@ class PostgresSessionStore:
         return self._where
 
     @staticmethod
-    def _describe(parameters: Mapping[str, object]) -> str:
+    def describe(parameters: Mapping[str, object]) -> str:
         """Where the database is, for messages (never the password)."""
         database = parameters.get("dbname") or parameters.get("user") or "(default database)"
         host = parameters.get("host") or "(default host)"
@@ -319,6 +323,9 @@ class PostgresSessionStore:
         failed, with the driver's exception as its cause.
         """
         retried = False
+        with self._opening:
+            if self._pool.closed and not self._closed:
+                self._pool.open(wait=False)
         while True:
             try:
                 connection = self._pool.getconn()
