@@ -183,7 +183,9 @@ def test_a_schema_name_that_is_not_a_plain_identifier_is_refused(schema: str) ->
         PostgresSessionStore("postgresql:///nowhere", schema=schema)
 
 
-def test_a_store_opened_later_reads_without_creating_the_schema(open_store: OpenStore, admin: Admin) -> None:
+def test_a_store_opened_later_reads_without_creating_the_schema(
+    open_store: OpenStore, admin: Admin
+) -> None:
     reader = open_store(open=False)
 
     assert reader.schema_version == 0
