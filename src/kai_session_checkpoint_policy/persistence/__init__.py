@@ -27,7 +27,7 @@ from .format import FORMAT, FORMAT_VERSION, SessionHeader, decode_session_id, en
 from .jsonl import JsonlSessionPersistence, JsonlStatistics, SessionListing, SessionProblem
 from .repair import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, interrupted_turn_closers
 from .service import SessionPersistence
-from .stores import copy_session, display_url, is_postgres_url, open_store
+from .stores import Store, copy_session, display_url, is_postgres_url, open_store
 
 if _typing.TYPE_CHECKING:
     from .postgres import (
@@ -70,6 +70,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionPersistence",
     "SessionProblem",
+    "Store",
     "StoredLog",
     "UnsupportedFormatError",
     "WriteBehind",

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeAlias
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..contract import SessionExistsError
 from .core import DEFAULT_BATCH_WINDOW, Writer
@@ -73,17 +73,25 @@ def open_store(
 
 
 def display_url(url: str | os.PathLike[str]) -> str:
-    """*url* as it can be shown: a PostgreSQL URI without its password, a path as it is."""
+    """*url* as it can be shown: a PostgreSQL URI with its password masked, a path as it is."""
     if not is_postgres_url(url):
         return os.fspath(url)
     assert isinstance(url, str)
     parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        netloc = f"{user.partition(':')[0]}{':***' if ':' in user else ''}@{host}"
-    query = [(key, "***" if key == "password" else value) for key, value in parse_qsl(parts.query)]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="/*")))
+    netloc, query = parts.netloc, parse_qsl(parts.query, keep_blank_values=True)
+    user, at, host = netloc.rpartition("@")
+    if ":" in user:
+        netloc = f"{user.partition(':')[0]}:***{at}{host}"
+    if any(key == "password" for key, _ in query):
+        masked = [(key, "***" if key == "password" else value) for key, value in query]
+        parts = parts._replace(query=urlencode(masked, safe="/*"))
+    # Rebuilt by hand: urlunsplit drops the "//" of an empty host (postgresql:///db).
+    shown = f"{parts.scheme}://{netloc}{parts.path}"
+    return (
+        shown
+        + (f"?{parts.query}" if parts.query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )
 
 
 @dataclass(frozen=True, slots=True)
