@@ -481,6 +481,7 @@ def test_a_writer_paused_inside_a_batch_delays_a_takeover_only_for_a_bound(
     # One of the store's own connections, stopped inside a batch's transaction that holds the
     # lease row, as a holder paused mid-batch would leave it.
     with paused_store._pool.connection() as connection:
+        connection.execute("BEGIN")  # the store's connections commit each statement otherwise
         connection.execute("SELECT 1 FROM kai_sessions.leases FOR UPDATE")
         wait_until_expired(admin, paused)
 

@@ -56,6 +56,7 @@ import re
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import psycopg
@@ -131,6 +132,41 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 """The schema version this release writes."""
+
+_APPEND_AT_ONCE: Final = """
+    WITH batch AS (
+        SELECT * FROM unnest(%(sessions)b::text[], %(owners)b::text[], %(epochs)b::bigint[],
+                             %(expected)b::bigint[], %(created)b::bigint[])
+            AS batch(session_id, owner, epoch, expected, created_at)
+    ), held AS (
+        SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
+        WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
+          AND lease.expires_at > clock_timestamp()
+        ORDER BY lease.session_id
+        FOR UPDATE OF lease
+    ), ready AS (
+        SELECT batch.* FROM batch JOIN held USING (session_id)
+        WHERE batch.expected = coalesce(
+            (SELECT max(seq) + 1 FROM {schema}.events WHERE session_id = batch.session_id), 0)
+    ), new_sessions AS (
+        INSERT INTO {schema}.sessions (session_id, created_at, version)
+        SELECT session_id, created_at, %(version)s FROM ready WHERE expected = 0
+    ), written AS (
+        INSERT INTO {schema}.events (session_id, seq, type, time, record)
+        SELECT * FROM unnest(%(row_sessions)b::text[], %(seqs)b::bigint[], %(types)b::text[],
+                             %(times)b::bigint[], %(records)b::text[])
+            AS event(session_id, seq, type, time, record)
+        WHERE event.session_id IN (SELECT session_id FROM ready)
+    )
+    SELECT 1 / (SELECT CASE count(*) WHEN %(count)s THEN 1 ELSE 0 END FROM ready)
+"""
+"""Every batch in one statement, if every lease and every stored count is as expected; else
+a division by zero, which undoes the statement (:meth:`PostgresSessionStore._append_at_once`)."""
+
+
+class _NotAtOnce(Exception):
+    """A batch could not be written by the one statement: a lease or a count was not as
+    expected."""
 
 
 def migration_lock_key(schema: str) -> int:
@@ -259,6 +295,9 @@ class PostgresSessionStore:
         self._pool: Final = ConnectionPool(
             dsn,
             kwargs={
+                # A statement on its own commits with its reply, in one round trip; the
+                # operations of several statements open a transaction (_run).
+                "autocommit": True,
                 "connect_timeout": connect_seconds,
                 "application_name": application_name,
                 "options": " ".join(options).strip(),
@@ -314,8 +353,13 @@ class PostgresSessionStore:
 
     # -- running transactions -------------------------------------------------------------------
 
-    def _run(self, what: str, operation: Callable[[_Connection], _T]) -> _T:
+    def _run(
+        self, what: str, operation: Callable[[_Connection], _T], *, single: bool = False
+    ) -> _T:
         """Run *operation* in one transaction on a pooled connection; commit if it returns.
+
+        A *single* operation runs one statement that writes (or none): it commits with its
+        reply, without a transaction around it.
 
         A call whose connection broke (a connection from before a server restart, or one whose
         backend was terminated) is run once more on a new connection; every operation is safe
@@ -332,7 +376,9 @@ class PostgresSessionStore:
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
             try:
-                with connection:  # commits on return, rolls back on an exception
+                if single:
+                    return operation(connection)
+                with connection.transaction():  # commits on return, rolls back on an exception
                     return operation(connection)
             except psycopg.Error as exc:
                 if connection.broken and not retried:
@@ -532,7 +578,7 @@ class PostgresSessionStore:
         what = f"renewing the lease on session {leases[0].session_id!r}" + (
             f" and {len(leases) - 1} more" if len(leases) > 1 else ""
         )
-        return self._run(what, renew)
+        return self._run(what, renew, single=True)
 
     def release(self, lease: Lease) -> bool:
         """Give *lease* up (it expires now); return whether it was still held."""
@@ -563,7 +609,7 @@ class PostgresSessionStore:
         what = f"releasing the lease on session {leases[0].session_id!r}" + (
             f" and {len(leases) - 1} more" if len(leases) > 1 else ""
         )
-        return self._run(what, release)
+        return self._run(what, release, single=True)
 
     def _lease_lost(
         self, connection: _Connection, lease: Lease, consequence: str
@@ -622,6 +668,15 @@ class PostgresSessionStore:
         if len(set(sessions)) != len(sessions):
             raise ValueError(f"one transaction can take one batch per session, not {sessions}")
         records = [self._checked_records(batch) for batch in batches]
+        what = f"appending to session {sessions[0]!r}" + (
+            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
+        )
+        try:
+            self._run(what, partial(self._append_at_once, batches, records), single=True)
+        except _NotAtOnce:
+            pass  # something is not as expected: the transaction below finds out what
+        else:
+            return [len(batch.events) for batch in batches]
 
         def append(connection: _Connection) -> list[int]:
             rows = connection.execute(
@@ -692,10 +747,45 @@ class PostgresSessionStore:
                 )
             return written
 
-        what = f"appending to session {sessions[0]!r}" + (
-            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
-        )
         return self._run(what, append)
+
+    def _append_at_once(
+        self, batches: Sequence[Batch], records: list[list[str]], connection: _Connection
+    ) -> None:
+        """Write every batch in one statement, which commits with its reply: one round trip.
+
+        The statement locks the leases, and writes only if every lease is held under its epoch
+        and every stored log ends right before its batch. Otherwise its last expression
+        divides by zero, and the whole statement is undone.
+
+        :raises _NotAtOnce: if the statement found anything else (the caller's transaction
+            then finds out what, and writes what it may).
+        """
+        rows = [
+            (batch.lease.session_id, event, line)
+            for batch, lines in zip(batches, records, strict=True)
+            for event, line in zip(batch.events, lines, strict=True)
+        ]
+        try:
+            connection.execute(
+                self._sql(_APPEND_AT_ONCE),
+                {
+                    "sessions": [batch.lease.session_id for batch in batches],
+                    "owners": [batch.lease.owner for batch in batches],
+                    "epochs": [batch.lease.epoch for batch in batches],
+                    "expected": [batch.expected_count for batch in batches],
+                    "created": [batch.events[0].time for batch in batches],
+                    "version": FORMAT_VERSION,
+                    "count": len(batches),
+                    "row_sessions": [row[0] for row in rows],
+                    "seqs": [row[1].seq for row in rows],
+                    "types": [row[1].type for row in rows],
+                    "times": [row[1].time for row in rows],
+                    "records": [row[2] for row in rows],
+                },
+            )
+        except psycopg.errors.DivisionByZero:
+            raise _NotAtOnce from None
 
     @staticmethod
     def _checked_records(batch: Batch) -> list[str]:
@@ -758,7 +848,7 @@ class PostgresSessionStore:
             ).fetchone()
             return bool(row and row[0])
 
-        return self._run(f"looking up session {session_id!r}", exists)
+        return self._run(f"looking up session {session_id!r}", exists, single=True)
 
     def count(self, session_id: str) -> int:
         """How many events the store holds for *session_id* (0 for a session it does not hold)."""
@@ -776,7 +866,7 @@ class PostgresSessionStore:
             stored: int = row[0]
             return stored
 
-        return self._run(f"counting the events of session {session_id!r}", count)
+        return self._run(f"counting the events of session {session_id!r}", count, single=True)
 
     def read(self, session_id: str) -> StoredRecords:
         """The header and the events' log lines of *session_id*, in seq order.
@@ -843,7 +933,7 @@ class PostgresSessionStore:
             ).fetchall()
             return [SessionHeader(*row) for row in rows]
 
-        return self._run("listing sessions", list_sessions)
+        return self._run("listing sessions", list_sessions, single=True)
 
 
 def _first_column(rows: Iterable[tuple[object, ...]]) -> Iterator[str]:
