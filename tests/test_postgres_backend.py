@@ -100,6 +100,17 @@ def wait_for_clock(admin: Admin, moment: object) -> None:
         admin.execute("SELECT pg_sleep(0.01)")
 
 
+def wait_for_a_lock_wait(admin: Admin) -> None:
+    """Poll until a statement of a backend under test waits for a lock (bounded)."""
+    deadline = time.monotonic() + WAIT
+    query = (
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+    )
+    while not fetch(admin, query, APP):
+        assert time.monotonic() < deadline, "no statement ever waited for the lock"
+        admin.execute("SELECT pg_sleep(0.005)")
+
+
 async def until(condition: Callable[[], object], what: str) -> None:
     """Wait (bounded) for a state that the backend's own threads or tasks reach: *what*."""
     deadline = time.monotonic() + WAIT
@@ -327,7 +338,7 @@ async def test_batches_due_while_a_commit_is_in_flight_share_one_transaction(
             locker.execute("LOCK TABLE kai_sessions.events IN EXCLUSIVE MODE")
             async with anyio.create_task_group() as group:
                 group.start_soon(host.sessions.flush, sessions[0])
-                await until(lambda: backend._group._committing, "the first commit started")
+                await anyio.to_thread.run_sync(wait_for_a_lock_wait, admin)
                 for session in sessions[1:]:
                     group.start_soon(host.sessions.flush, session)
                 await until(lambda: len(backend._group._queue) == 19, "all queued behind it")
@@ -382,7 +393,7 @@ async def test_a_refused_batch_in_a_shared_transaction_fails_only_its_session(
                 locker.execute("LOCK TABLE kai_sessions.events IN EXCLUSIVE MODE")
                 async with anyio.create_task_group() as group:
                     group.start_soon(flush, sessions[0])
-                    await until(lambda: backend._group._committing, "the first commit started")
+                    await anyio.to_thread.run_sync(wait_for_a_lock_wait, admin)
                     for session in sessions[1:]:
                         group.start_soon(flush, session)
                     await until(lambda: len(backend._group._queue) == 3, "all queued behind it")

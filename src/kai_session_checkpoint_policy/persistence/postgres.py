@@ -120,10 +120,11 @@ class _Lease:
 class _Queued:
     """One session's batch waiting for a group commit, and what became of it."""
 
-    __slots__ = ("alone", "batch", "done", "error")
+    __slots__ = ("alone", "batch", "done", "error", "wake")
 
     def __init__(self, batch: Batch) -> None:
         self.batch = batch
+        self.wake = threading.Event()  # set once done, or to lead the next commit
         self.done = False
         self.alone = False  # the shared transaction refused a batch: write this one on its own
         self.error: BaseException | None = None
@@ -133,13 +134,13 @@ class _GroupCommit:
     """Commits the batches that worker threads hand it, those queued together in one transaction.
 
     A thread that finds no commit in progress commits everything queued, its own batch
-    included; threads that arrive meanwhile wait, and the first of them to wake commits what
-    queued up. Nothing waits for company: a lone batch is committed at once.
+    included. Threads that arrive meanwhile queue up and wait; when the commit is over, its
+    leader wakes the threads whose batches it wrote, and the first of those queued since, who
+    commits all of them. Nothing waits for company: a lone batch is committed at once.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)
         self._queue: list[_Queued] = []
         self._committing = False
         self.transactions = 0
@@ -149,19 +150,24 @@ class _GroupCommit:
         mine = _Queued(batch)
         with self._lock:
             self._queue.append(mine)
-            while self._committing and not mine.done:
-                self._turn.wait()
-            leader = not mine.done
-            if leader:
-                self._committing = True
-                group, self._queue = self._queue, []
+            leader = not self._committing
+            self._committing = True
+        if not leader:
+            mine.wake.wait()
+            leader = not mine.done  # woken to lead the next commit
         if leader:
+            with self._lock:
+                group, self._queue = self._queue, []
             try:
                 self._commit(store, group)
             finally:
                 with self._lock:
-                    self._committing = False
-                    self._turn.notify_all()
+                    successor = self._queue[0] if self._queue else None
+                    self._committing = successor is not None
+                for queued in group:
+                    queued.wake.set()
+                if successor is not None:
+                    successor.wake.set()
         if mine.alone:
             store.append_many([batch])
             with self._lock:
