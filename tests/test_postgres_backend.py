@@ -34,14 +34,16 @@ from kai_session_checkpoint_policy import (
     tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import (
+    CorruptRecordError,
     LeaseLostError,
     PersistenceError,
     PostgresSessionPersistence,
     SeqMismatchError,
     SessionLockedError,
 )
-from kai_session_checkpoint_policy.persistence.postgres_store import Batch
+from kai_session_checkpoint_policy.persistence.postgres_store import Batch, PostgresSessionStore
 
+from .persistence_helpers import event
 from .postgres_server import PostgresServer
 
 pytestmark = pytest.mark.anyio
@@ -187,6 +189,29 @@ async def test_reading_creates_nothing_in_the_database(make: Any, admin: Admin) 
         await backend.inspect("s")
     await backend.aclose()
     assert fetch(admin, "SELECT 1 FROM pg_namespace WHERE nspname = 'kai_sessions'") == []
+
+
+async def test_a_long_log_is_read_whole_and_a_damaged_event_in_it_is_named(
+    make: Any, admin: Admin, postgres_dsn: str
+) -> None:
+    logged = [event("assistant/chunk", seq, {"n": seq, "text": "é\n\\"}) for seq in range(9000)]
+    with PostgresSessionStore(postgres_dsn) as store:
+        store.append(store.acquire("long", "writer", 60), 0, logged)
+    backend = make()
+    try:
+        assert (await backend.inspect("long")).events == tuple(logged)
+        admin.execute(
+            "UPDATE kai_sessions.events SET record = '{not json' "
+            "WHERE session_id = 'long' AND seq = 8191"
+        )
+        with pytest.raises(CorruptRecordError) as damaged:
+            await backend.inspect("long")
+    finally:
+        await backend.aclose()
+    assert str(damaged.value).startswith(
+        f"corrupt session log {backend.where}, session 'long', seq 8191: not valid JSON ("
+    )
+    assert damaged.value.seq == 8191
 
 
 # -- leases ---------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ flush writes the batch, and one whose acknowledgement was lost is recognised, ne
 twice (:meth:`~.postgres_store.PostgresSessionStore.append_many`).
 
 Each event is stored as the exact text of :meth:`SessionEvent.encode()
-<kai_session_checkpoint_policy.SessionEvent.encode>`, and read back with the JSONL format's
-decoder of one line, so a log copied between the two backends reads the same in both.
+<kai_session_checkpoint_policy.SessionEvent.encode>`, and read back with the JSONL format's own
+decoders of lines, so a log copied between the two backends reads the same in both.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -53,7 +54,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ..events import SessionEvent, on_fresh_stack
 from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind
 from .errors import CorruptLogError, LeaseLostError, PersistenceError, SeqMismatchError
-from .format import _collector_paused, _decode_event, encode_session_id
+from .format import _collector_paused, _decode_event, _decode_lines, encode_session_id
 from .jsonl import SessionListing
 from .postgres_store import DEFAULT_SCHEMA, Batch, PostgresSessionStore, _seconds
 from .repair import interrupted_turn_closers
@@ -196,23 +197,42 @@ class _GroupCommit:
                 queued.done = True
 
 
+_DECODED_AT_ONCE: Final = 4096
+"""How many stored lines are decoded in one call of the format's decoder of runs of lines."""
+
+
 def _decode_records(records: Iterable[str], location: str) -> tuple[SessionEvent, ...]:
     """Decode stored log lines as the JSONL backend decodes its lines, seqs from 0.
 
-    :raises CorruptRecordError: naming the first line that is not the event expected next.
+    Runs of lines are decoded at once, as a log file's are (which shares one copy of each key
+    among their events); a run that is not all intact events is decoded a line at a time,
+    which names the first that is not the event expected next.
+
+    :raises CorruptRecordError: naming that line's seq.
     """
     events: list[SessionEvent] = []
+    lines = iter(records)
     with _collector_paused():  # as when reading a log file: a million events, few collections
-        for seq, record in enumerate(records):
-            line = record.encode("utf-8", "surrogatepass")
-            try:
-                decoded = _decode_event(line, seq, fresh_stack=False)
-            except RecursionError:  # the caller's stack is too deep to decode the line on
-                decoded = on_fresh_stack(partial(_decode_event, line, seq, fresh_stack=True))
-            if not isinstance(decoded, SessionEvent):
-                raise CorruptRecordError(location, seq, decoded[0])
-            events.append(decoded)
+        while run := list(islice(lines, _DECODED_AT_ONCE)):
+            data = ("\n".join(run) + "\n").encode("utf-8", "surrogatepass")
+            decoded = _decode_lines(data, 0, len(data), len(events))
+            events += decoded if decoded is not None else _decode_each(run, len(events), location)
     return tuple(events)
+
+
+def _decode_each(run: list[str], first: int, location: str) -> list[SessionEvent]:
+    """Decode a run of stored lines one by one, their seqs from *first*."""
+    events = []
+    for seq, record in enumerate(run, start=first):
+        line = record.encode("utf-8", "surrogatepass")
+        try:
+            decoded = _decode_event(line, seq, fresh_stack=False)
+        except RecursionError:  # the caller's stack is too deep to decode the line on
+            decoded = on_fresh_stack(partial(_decode_event, line, seq, fresh_stack=True))
+        if not isinstance(decoded, SessionEvent):
+            raise CorruptRecordError(location, seq, decoded[0])
+        events.append(decoded)
+    return events
 
 
 def _default_owner() -> str:
@@ -291,7 +311,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         self._group = _GroupCommit()
         self._held: dict[_Lease, None] = {}  # the leases the renewer keeps, in order
         self._unreleased: list[Lease] = []  # leases to give up
-        self._lease_calls = anyio.Lock()  # a renewal and a release never cross
+        self._lease_statements = threading.Lock()  # a renewal and a release never cross
         self._renewer: tuple[anyio.CancelScope, anyio.Event] | None = None
 
     def __repr__(self) -> str:
@@ -324,6 +344,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
                 scope, stopped = self._renewer
                 scope.cancel()
                 await stopped.wait()  # a renewal in flight is waited out
+                self._renewer = None
             await self._release_leases()
             await run_in_worker(self.store.close)
 
@@ -416,22 +437,31 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             with scope:
                 while True:
                     await anyio.sleep(self.lease_ttl / RENEWALS_PER_TTL)
-                    held = [log for log in self._held if log.lost is None]
+                    held = list(self._held)
                     if held:
-                        async with self._lease_calls:
-                            await self._renew_all(held)
+                        await self._renew_all(held)
         finally:
             stopped.set()
 
     async def _renew_all(self, held: list[_Lease]) -> None:
         asked = time.monotonic()
-        leases = [log.lease for log in held]
+
+        def renew() -> list[tuple[_Lease, Lease | LeaseLostError]]:
+            with self._lease_statements:
+                # Under the lock that releases take: a lease given up since the renewal was
+                # decided (its session closed) is not renewed, which would keep it held.
+                still = [log for log in held if log.lost is None]
+                if not still:
+                    return []
+                renewed = self._writable().renew_many([log.lease for log in still])
+                return list(zip(still, renewed, strict=True))
+
         try:
-            renewed = await run_in_worker(lambda: self._writable().renew_many(leases))
+            outcomes = await run_in_worker(renew)
         except PersistenceError as exc:
             logger.warning("could not renew %d session leases: %s", len(held), exc)
             return
-        for log, lease in zip(held, renewed, strict=True):
+        for log, lease in outcomes:
             if isinstance(lease, LeaseLostError):
                 if log.lost is None:
                     log.lost = lease
@@ -442,14 +472,16 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     async def _release_leases(self) -> None:
         """Give up the leases of the sessions that were released, in one statement."""
-        async with self._lease_calls:
-            leases, self._unreleased = self._unreleased, []
-            if not leases:
-                return
-            try:
-                await run_in_worker(lambda: self._writable().release_many(leases))
-            except PersistenceError as exc:  # they expire by themselves
-                logger.warning("could not give up %d session leases: %s", len(leases), exc)
+
+        def release() -> int:
+            with self._lease_statements:
+                leases, self._unreleased = self._unreleased, []
+                return self._writable().release_many(leases) if leases else 0
+
+        try:
+            await run_in_worker(release)
+        except PersistenceError as exc:  # they expire by themselves
+            logger.warning("could not give up session leases: %s", exc)
 
     # -- reading --------------------------------------------------------------------------------
 
