@@ -169,7 +169,9 @@ def test_100_sessions_at_once_share_transactions_and_need_100_fsyncs(
     assert _dig(jsonl, "min_commits_per_sample") == _dig(jsonl, "max_commits_per_sample") == 100
     postgres = _dig(figures, "postgres", "100 sessions at once")
     assert _number(postgres, "min_commits_per_sample") >= 1
-    assert _number(postgres, "max_commits_per_sample") <= 50  # group commit
+    # Group commit: batches that arrive while a commit is in flight share the next one. (One
+    # sample may take many, when the event loop is descheduled between checkpoints.)
+    assert _number(postgres, "commits_per_sample") <= 25
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
