@@ -219,18 +219,6 @@ def test_copy_moves_sessions_between_stores_and_refuses_one_the_target_has(
     assert err == f"kai-checkpoint: not copying session a: {postgres_dsn} already has it\n"
 
 
-def test_a_lease_ttl_is_refused_for_a_directory(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    status, out, err = run_cli(
-        capsys, "agent", "--root", tmp_path, "--session", "s", "--lease-ttl", "2"
-    )
-    assert (status, out) == (cli.EXIT_BAD_INPUT, "")
-    assert (
-        err == f"kai-checkpoint: --lease-ttl applies to a postgresql:// store, not to {tmp_path}\n"
-    )
-
-
 @pytest.mark.crash
 def test_the_demo_tells_its_story_on_a_postgres_store(
     postgres_dsn: str, capsys: pytest.CaptureFixture[str]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kai_session_checkpoint_policy import cli
 from kai_session_checkpoint_policy.persistence import (
     JsonlSessionPersistence,
     display_url,
@@ -59,3 +60,30 @@ def test_open_store_chooses_the_backend_and_passes_its_settings(tmp_path: Path) 
 )
 def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
     assert display_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (["--lease-ttl", "2"], "--lease-ttl applies to a postgresql:// store, not to {root}"),
+        (["--hang-for", "2"], "--hang-for goes with --hang-at"),
+    ],
+)
+def test_the_agents_store_options_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], problem: str
+) -> None:
+    status = cli.main(["agent", "--root", str(tmp_path), "--session", "s", *options])
+    captured = capsys.readouterr()
+    assert (status, captured.out) == (cli.EXIT_BAD_INPUT, "")
+    assert captured.err == f"kai-checkpoint: {problem.format(root=tmp_path)}\n"
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+@pytest.mark.parametrize("option", ["--hang-for", "--lease-ttl"])
+def test_the_agents_seconds_must_be_positive(
+    capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["agent", "--root", "r", "--session", "s", option, "0"])
+    assert refused.value.code == cli.EXIT_BAD_INPUT
+    assert f"argument {option}: not a positive number of seconds: '0'" in capsys.readouterr().err
