@@ -34,7 +34,8 @@ MARKER: Final = re.compile(
 
 
 def region(path: Path, kind: str | None, name: str | None) -> str:
-    """The code a marker names, ending with a newline."""
+    """The code a marker names, ending with one newline (no blank lines after the code, as a
+    formatter of Markdown code blocks leaves them)."""
     text = path.read_text()
     if kind is None:
         return text
@@ -44,7 +45,7 @@ def region(path: Path, kind: str | None, name: str | None) -> str:
     if kind == "between":
         start = lines.index(f"# example: {name}\n") + 1
         end = lines.index("# example: end\n", start)
-        return "".join(lines[start:end])
+        return "".join(lines[start:end]).rstrip("\n") + "\n"
     definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.parse(text).body:
         if isinstance(node, definitions) and node.name == name:
