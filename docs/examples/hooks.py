@@ -6,9 +6,9 @@ python docs/examples/hooks.py
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections import Counter
 from contextlib import aclosing
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import anyio
