@@ -15,6 +15,7 @@ import anyio
 
 from ._support import cpu_reference, machine
 from .chart import render_svg
+from .postgres import postgres_figures
 from .recovery import recovery
 from .report import evaluate, table
 from .scenarios import Plan, run_all
@@ -22,7 +23,7 @@ from .scenarios import Plan, run_all
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-SCENARIOS = ("flush", "checkpoints", "stream", "policy", "recovery")
+SCENARIOS = ("flush", "checkpoints", "stream", "policy", "recovery", "postgres")
 BACKENDS = ("asyncio", "trio")
 
 FULL = Plan(rounds=20, per_round=50, stream_events=20_000, stream_runs=3, policy_turns=50)
@@ -32,7 +33,10 @@ QUICK = Plan(rounds=2, per_round=10, stream_events=2_000, stream_runs=1, policy_
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="Measure the checkpoint path against a raw write+fsync in the same run.",
+        description=(
+            "Measure the checkpoint path against a raw write+fsync in the same run, and the "
+            "PostgreSQL backend against a one-row INSERT and COMMIT on its own server."
+        ),
     )
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (small samples)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -50,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         "--scenario", action="append", choices=SCENARIOS, help="scenario (default: all)"
     )
     parser.add_argument(
-        "--events", type=int, default=None, help="events in the recovered log (default 1000000)"
+        "--events", type=int, default=None, help="events in the recovered logs (default 1000000)"
     )
     parser.add_argument(
         "--recovery-runs", type=int, default=None, help="loads per event loop (default 3)"
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     }
     started = time.perf_counter()
     reference = cpu_reference()
-    loop_scenarios = [name for name in scenarios if name != "recovery"]
+    loop_scenarios = [name for name in scenarios if name not in ("recovery", "postgres")]
     if loop_scenarios:
         figures: dict[str, object] = {}
         for backend in backends:
@@ -85,10 +89,12 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             root.mkdir()
             figures[backend] = anyio.run(run_all, root, plan, loop_scenarios, backend=backend)
         results["backends"] = figures
+    events = args.events or (5_000 if args.quick else 1_000_000)
+    runs = args.recovery_runs or (1 if args.quick else 3)
     if "recovery" in scenarios:
-        events = args.events or (5_000 if args.quick else 1_000_000)
-        runs = args.recovery_runs or (1 if args.quick else 3)
         results["recovery"] = recovery(directory / "recovery", events, runs, backends)
+    if "postgres" in scenarios:
+        results["postgres"] = postgres_figures(directory / "postgres", plan, backends, events, runs)
     results["cpu_reference_us"] = {"start": reference, "end": cpu_reference()}
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["targets"] = evaluate(results)

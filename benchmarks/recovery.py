@@ -225,9 +225,9 @@ def _fresh_copy(pristine: Path, root: Path, log_format: str) -> None:
     os.chmod(directory / name, 0o600)
 
 
-def _child(*arguments: str) -> dict[str, object]:
-    """Run ``python -m benchmarks.recovery *arguments`` and return the JSON object it prints."""
-    command = [sys.executable, "-m", "benchmarks.recovery", *arguments]
+def _child(*arguments: str, module: str = "benchmarks.recovery") -> dict[str, object]:
+    """Run ``python -m <module> *arguments`` and return the JSON object it prints."""
+    command = [sys.executable, "-m", module, *arguments]
     here = Path(__file__).resolve().parent.parent
     env = {
         **os.environ,

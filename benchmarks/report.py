@@ -309,6 +309,7 @@ def table(results: Results) -> str:
                     f"{figures['peak_rss_before_load_mib']} MiB before loading; "
                     f"ru_maxrss max {maxrss} MiB)"
                 )
+    out += _postgres_section(results.get("postgres"))
     checked = results.get("targets")
     if isinstance(checked, list) and checked:
         rows = [
@@ -318,3 +319,70 @@ def table(results: Results) -> str:
         ]
         out += ["", "targets", "", _format(rows, ["loop", "target", "value", "limit", ""])]
     return "\n".join(out)
+
+
+def _postgres_section(postgres: object) -> list[str]:
+    """The PostgreSQL figures beside JSONL's, or why they were not taken."""
+    if not isinstance(postgres, dict):
+        return []
+    if "skipped" in postgres:
+        return ["", f"PostgreSQL figures skipped: {postgres['skipped']}"]
+    server = _get(postgres, "server")
+    out = [
+        "",
+        f"PostgreSQL {_get(server, 'version')} (fsync {_get(server, 'fsync')}, "
+        f"synchronous_commit {_get(server, 'synchronous_commit')}), a server of the benchmark's "
+        "own on a Unix socket, beside JSONL in the same run; each ratio is to its own baseline",
+    ]
+    rows: list[list[str]] = []
+    for loop in ("asyncio", "trio"):
+        figures = postgres.get(loop)
+        if not isinstance(figures, dict):
+            continue
+        for name, key in (("insert", "baseline_insert_us"), ("write", "baseline_write_fsync_us")):
+            base = [_fmt(_get(figures, key, q), ".1f") for q in ("median", "p90", "p99")]
+            what = "one-row INSERT + COMMIT" if name == "insert" else "raw write 150 B + fsync"
+            out.append(
+                f"baseline on {loop} ({what}): median {base[0]} us, p90 {base[1]} us, "
+                f"p99 {base[2]} us"
+            )
+        for figure, _cell in _items(_get(figures, "postgres")):
+            for backend in ("postgres", "jsonl"):
+                cell = _get(figures, backend, figure)
+                rows.append(
+                    [
+                        loop,
+                        figure,
+                        backend,
+                        _fmt(_get(cell, "latency_us", "median"), ".0f"),
+                        _fmt(_get(cell, "latency_us", "p90"), ".0f"),
+                        _fmt(_get(cell, "ratio", "median"), ".2f", "x"),
+                        _fmt(_get(cell, "commits_per_sample"), ".2f"),
+                        _fmt(_get(cell, "max_commits_per_sample"), ".0f"),
+                    ]
+                )
+    if rows:
+        header = ["loop", "figure", "backend", "us", "p90 us", "ratio", "commits", "max"]
+        out += [
+            "commits: transactions (PostgreSQL) or fsyncs (JSONL) per sample; max: the most in one",
+            "",
+            _format(rows, header, left=3),
+        ]
+    recovery = postgres.get("recovery")
+    if isinstance(recovery, dict):
+        out.append("")
+        out.append(
+            f"PostgreSQL recovery of {recovery['events']:,} events "
+            f"({_fmt(recovery['record_bytes'], ',.0f')} bytes of records, stored with COPY in "
+            f"{_fmt(recovery['store_seconds'], '.1f')} s), one fresh process per load"
+        )
+        for loop in ("asyncio", "trio"):
+            figures = recovery.get(loop)
+            if isinstance(figures, dict):
+                load = [_fmt(_get(figures, "load_seconds", q), ".2f") for q in ("median", "p99")]
+                rss = _fmt(_get(figures, "peak_rss_mib", "p99"), ".0f")
+                out.append(
+                    f"  {loop}: load median {load[0]} s (max {load[1]} s); peak RSS {rss} MiB; "
+                    f"{figures['repair_events']} repair events"
+                )
+    return out

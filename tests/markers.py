@@ -26,17 +26,23 @@ MARKER_TIMEOUT: Final = 30.0
 
 
 def start_agent(
-    tmp_path: Path, session_id: str, hang_at: HangAt, *options: str, use_policy: bool = True
+    tmp_path: Path,
+    session_id: str,
+    hang_at: HangAt,
+    *options: str,
+    use_policy: bool = True,
+    root: str | Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start ``kai-checkpoint agent`` as a child that hangs at *hang_at*; return it and its marker.
 
-    Its sessions go under ``tmp_path / "sessions"``, its payments to ``tmp_path /
-    "ledger.jsonl"``; *options* are further command-line options (``--batch-window 3600``).
+    Its sessions go to the store *root* (by default ``tmp_path / "sessions"``), its payments to
+    ``tmp_path / "ledger.jsonl"``; *options* are further command-line options
+    (``--batch-window 3600``).
     """
     marker = tmp_path / f"{session_id}.marker"
     marker.write_bytes(b"")  # pre-created empty: only its content signals readiness
     command = agent_command(
-        tmp_path / "sessions",
+        tmp_path / "sessions" if root is None else root,
         session_id,
         hang_at=hang_at,
         marker=marker,

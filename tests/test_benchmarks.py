@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from benchmarks import report
 
+from .postgres_server import REQUIRE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,7 +32,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, objec
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
@@ -133,3 +135,71 @@ def test_the_chart_is_an_svg_with_every_group(quick_run: tuple[dict[str, object]
     assert svg.rstrip().endswith("</svg>")
     for label in ("P=1", "P=100", "burst checkpoints", "staggered checkpoints", "K=32"):
         assert label in svg
+
+
+# -- PostgreSQL beside JSONL --------------------------------------------------------------------
+
+
+def _postgres(quick_run: tuple[dict[str, object], Path]) -> object:
+    figures = _dig(quick_run[0], "postgres")
+    if isinstance(figures, dict) and "skipped" in figures:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1, but {figures['skipped']}")
+        pytest.skip(str(figures["skipped"]))
+    return figures
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("store", ["postgres", "jsonl"])
+def test_each_flush_and_each_burst_is_one_commit_on_both_stores(
+    quick_run: tuple[dict[str, object], Path], backend: str, store: str
+) -> None:
+    figures = _dig(_postgres(quick_run), backend, store)
+    for figure in ("flush P=1", "flush P=100", "burst K=32"):
+        cell = _dig(figures, figure)
+        assert _dig(cell, "min_commits_per_sample") == _dig(cell, "max_commits_per_sample") == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_100_sessions_at_once_share_transactions_and_need_100_fsyncs(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    figures = _dig(_postgres(quick_run), backend)
+    jsonl = _dig(figures, "jsonl", "100 sessions at once")
+    assert _dig(jsonl, "min_commits_per_sample") == _dig(jsonl, "max_commits_per_sample") == 100
+    postgres = _dig(figures, "postgres", "100 sessions at once")
+    assert _number(postgres, "min_commits_per_sample") >= 1
+    # Group commit: batches that arrive while a commit is in flight share the next one. (One
+    # sample may take many, when the event loop is descheduled between checkpoints.)
+    assert _number(postgres, "commits_per_sample") <= 25
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_postgres_recovery_loads_every_event_and_repairs_the_open_turn(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    recovery = _dig(_postgres(quick_run), "recovery")
+    figures = _dig(recovery, backend)
+    assert _dig(figures, "repair_events") == 3
+    assert _number(figures, "loaded_events") == _number(recovery, "events") + 3
+
+
+def test_the_postgres_figures_are_skipped_with_a_note_without_the_server_programs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from benchmarks.__main__ import QUICK
+    from benchmarks.postgres import postgres_figures
+
+    from tests import postgres_server
+
+    monkeypatch.setattr(postgres_server, "find_binaries", lambda: None)
+    figures = postgres_figures(tmp_path, QUICK, BACKENDS, 1000, 1)
+
+    assert figures == {
+        "skipped": "the PostgreSQL figures need what is missing here: no PostgreSQL server "
+        "programs (initdb, pg_ctl, postgres) on PATH, in 'pg_config --bindir' or in "
+        "/usr/lib/postgresql/*/bin"
+    }
+    assert report.table({"postgres": figures}).splitlines()[-1] == (
+        f"PostgreSQL figures skipped: {figures['skipped']}"
+    )

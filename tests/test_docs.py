@@ -136,7 +136,7 @@ def test_every_example_is_shown_and_run() -> None:
     generators = {(EXAMPLES / "sample_log.py").resolve()}  # shown through the logs it writes
     assert examples - shown - generators == set()
     tested = {"quickstart.py", "entry_points.py", "hooks.py", "recovery.py", "sample_log.py"}
-    tested |= {"timeline.py", "test_host_fixtures.py"}
+    tested |= {"timeline.py", "test_host_fixtures.py", "postgres_host.py"}
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
 
@@ -150,7 +150,9 @@ def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(AUTOLOAD_ENV, "1")
 
 
-def _inspect_json(root: Path, session_id: str, capsys: pytest.CaptureFixture[str]) -> list[Any]:
+def _inspect_json(
+    root: Path | str, session_id: str, capsys: pytest.CaptureFixture[str]
+) -> list[Any]:
     capsys.readouterr()
     assert cli_main(["inspect", str(root), session_id, "--json"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -185,6 +187,23 @@ def test_entry_points(
     assert "Invoice 1042 is paid" in out
     events = _inspect_json(tmp_path, "invoice-1042", capsys)
     assert events[-1]["type"] == "turn/end"
+
+
+def test_the_postgres_host_resumes_its_session_wherever_it_was_left(
+    postgres_dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    main = example("postgres_host.py")["main"]
+    anyio.run(main, postgres_dsn)
+    first = capsys.readouterr().out
+    assert "send_payment moved 120.00 EUR" in first
+    anyio.run(main, postgres_dsn, backend="trio")  # another host: the session is resumed
+    second = capsys.readouterr().out
+    assert "send_payment moved" not in second
+    assert second.startswith("Invoice 1042 is paid")
+    events = _inspect_json(postgres_dsn, "invoice-1042", capsys)
+    ends = [event["data"] for event in events if event["type"] == "turn/end"]
+    assert ends == [{"turn": turn, "reason": {"kind": "completed"}} for turn in (1, 2)]
 
 
 @pytest.mark.usefixtures("no_autoload")

@@ -1,9 +1,10 @@
 """Semantic durability checkpoints for persisted LLM agents.
 
 The :mod:`~kai_session_checkpoint_policy.policy` plugin flushes the session log before a model
-request, before a top-level tool body, and at every agent step; a persistence backend (the JSONL
-one, :class:`JsonlSessionPersistence`) makes each flush durable; recovery turns a recorded call
-without a result into ``TOOL_OUTCOME_UNKNOWN``.
+request, before a top-level tool body, and at every agent step; a persistence backend
+(:class:`JsonlSessionPersistence` for a directory, :class:`PostgresSessionPersistence` for a
+database many hosts share) makes each flush durable; recovery turns a recorded call without a
+result into ``TOOL_OUTCOME_UNKNOWN``.
 
 The names below are imported when first used, so that loading the policy's entry point (which
 imports this package) does not import the reference host or the persistence backends.
@@ -76,6 +77,7 @@ if _typing.TYPE_CHECKING:
         JsonlSessionPersistence,
         NotARegularFileError,
         PersistenceError,
+        PostgresSessionPersistence,
         SeqMismatchError,
         SessionHeader,
         SessionListing,
@@ -164,6 +166,7 @@ _LAZY: _typing.Final = {
     "JsonlSessionPersistence": ".persistence",
     "NotARegularFileError": ".persistence",
     "PersistenceError": ".persistence",
+    "PostgresSessionPersistence": ".persistence",
     "SeqMismatchError": ".persistence",
     "SessionHeader": ".persistence",
     "SessionListing": ".persistence",
@@ -225,6 +228,7 @@ __all__ = [
     "PersistenceConflictError",
     "PersistenceError",
     "PluginHost",
+    "PostgresSessionPersistence",
     "PreStep",
     "PreStepDecision",
     "PreStepLike",

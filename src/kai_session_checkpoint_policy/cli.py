@@ -1,13 +1,18 @@
-"""``kai-checkpoint``: run the demo agent, and look into session logs on disk.
+"""``kai-checkpoint``: run the demo agent, and look into session logs on disk or in a database.
 
 Subcommands::
 
-    kai-checkpoint demo [--root DIR]
-    kai-checkpoint agent --root DIR --session ID [--no-policy] [--ledger FILE]
-                         [--hang-at request|tool --marker FILE]
+    kai-checkpoint demo [--root STORE]
+    kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE]
+                         [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
+                         [--lease-ttl SECONDS]
     kai-checkpoint list ROOT
     kai-checkpoint inspect ROOT SESSION [--json]
     kai-checkpoint recover ROOT SESSION [--json]
+    kai-checkpoint copy SOURCE TARGET [--session ID]
+
+Every ROOT, STORE, SOURCE and TARGET is a store URL: a directory (the JSONL backend) or a
+``postgresql://`` URI (the PostgreSQL backend).
 
 Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
 this release does not read), with one line on standard error that names the problem.
@@ -51,7 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from .events import SessionEvent
-    from .persistence import SessionHeader, StoredLog
+    from .persistence import SessionHeader, Store, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -84,22 +89,45 @@ def _existing_root(root: str) -> Path:
     return path
 
 
+@asynccontextmanager
+async def _opened(
+    url: str, *, existing: bool = True, lease_ttl: float | None = None
+) -> AsyncIterator[Store]:
+    """The backend of the store *url* (a directory that must exist, if *existing*), closed
+    afterwards."""
+    from .persistence import is_postgres_url, open_store
+
+    if existing and not is_postgres_url(url):
+        _existing_root(url)
+    if lease_ttl is not None and not is_postgres_url(url):
+        raise UsageError(f"--lease-ttl applies to a postgresql:// store, not to {url}")
+    backend = open_store(url, lease_ttl=lease_ttl)
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
 async def _list(args: argparse.Namespace) -> int:
     """The intact sessions on standard output; one line per unreadable one on standard error."""
-    from .persistence import JsonlSessionPersistence
+    from .persistence import JsonlSessionPersistence, display_url
 
-    backend = JsonlSessionPersistence(_existing_root(args.root))
-    listing = await backend.scan_sessions()
+    async with _opened(args.root) as backend:
+        listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout, live=False)
     if args.json:  # one object per session, ASCII, the header's fields under their own names
         for header in listing.headers:
             record = {"id": header.id, "createdAt": header.created_at, "version": header.version}
             console.line(json.dumps(record, separators=(",", ":")))
     elif not listing.headers and not listing.problems:
-        console.line(console.dim(f"no sessions under {printable(args.root)}"))
-    for header, log in () if args.json else zip(listing.headers, listing.logs, strict=True):
-        where = printable(str(log.relative_to(backend.root)))  # the layout, and compression
-        console.line(f"{printable(header.id)}\t{format_time(header.created_at)}\t{where}")
+        console.line(console.dim(f"no sessions under {printable(display_url(args.root))}"))
+    # A directory's sessions are listed with their log file (the layout, and compression).
+    logs = listing.logs or (None,) * len(listing.headers)
+    for header, log in () if args.json else zip(listing.headers, logs, strict=True):
+        line = f"{printable(header.id)}\t{format_time(header.created_at)}"
+        if log is not None and isinstance(backend, JsonlSessionPersistence):
+            line += f"\t{printable(str(log.relative_to(backend.root)))}"
+        console.line(line)
     sys.stdout.flush()
     for problem in listing.problems:
         directory = printable(str(problem.directory))
@@ -220,12 +248,10 @@ def _format_of(header: SessionHeader) -> str:
 
 async def _show_log(args: argparse.Namespace) -> int:
     """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
-    from .persistence import JsonlSessionPersistence
-
-    backend = JsonlSessionPersistence(_existing_root(args.root))
-    read = backend.load if args.recover else backend.inspect
-    async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
-        log = await read(args.session)
+    async with _opened(args.root) as backend:
+        read = backend.load if args.recover else backend.inspect
+        async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
+            log = await read(args.session)
     view = _View(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
     _print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
     sys.stdout.flush()
@@ -283,25 +309,30 @@ async def _progress(what: str) -> AsyncIterator[None]:
 
 async def _agent(args: argparse.Namespace) -> int:
     from .demo import run_agent
-    from .persistence import JsonlSessionPersistence, SessionNotFoundError
+    from .persistence import SessionNotFoundError, display_url
 
     if (args.hang_at is None) != (args.marker is None):
         raise UsageError("--hang-at and --marker go together")
-    root = Path(args.root)
-    try:
-        await JsonlSessionPersistence(root).inspect(args.session)
-    except SessionNotFoundError:
-        pass
-    else:
-        raise UsageError(f"session {args.session} already exists under {args.root}")
+    if args.hang_for is not None and args.hang_at is None:
+        raise UsageError("--hang-for goes with --hang-at")
+    async with _opened(args.root, existing=False, lease_ttl=args.lease_ttl) as backend:
+        try:
+            await backend.inspect(args.session)
+        except SessionNotFoundError:
+            pass
+        else:
+            where = display_url(args.root)
+            raise UsageError(f"session {args.session} already exists under {where}")
     outcome = await run_agent(
-        root,
+        args.root,
         args.session,
         use_policy=not args.no_policy,
         hang_at=args.hang_at,
         marker=None if args.marker is None else Path(args.marker),
         ledger=None if args.ledger is None else Path(args.ledger),
         batch_window=args.batch_window,
+        hang_for=args.hang_for,
+        lease_ttl=args.lease_ttl,
     )
     reason = printable(compact(outcome.reason))
     print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
@@ -313,8 +344,54 @@ async def _agent(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    await run_demo(None if args.root is None else Path(args.root), Console.for_stream(sys.stdout))
+    await run_demo(args.root, Console.for_stream(sys.stdout))
     return EXIT_OK
+
+
+# -------------------------------------------------------------------------------------------
+# Copying between stores
+# -------------------------------------------------------------------------------------------
+
+
+async def _copy(args: argparse.Namespace) -> int:
+    """Copy each session of SOURCE (or the one given) that TARGET does not have yet.
+
+    A session that cannot be copied (TARGET has it, it is locked, its log is corrupt) gets one
+    line on standard error and does not stop the others; the status is then 2.
+    """
+    from .contract import SessionExistsError
+    from .persistence import PersistenceError, copy_session, display_url
+
+    refused = 0
+    async with _opened(args.source) as source, _opened(args.target, existing=False) as target:
+        if args.session is not None:
+            session_ids = [args.session]
+        else:
+            listing = await source.scan_sessions()
+            session_ids = [header.id for header in listing.headers]
+            for unreadable in listing.problems:
+                directory = printable(str(unreadable.directory))
+                reason = _problem(unreadable.error)
+                print(f"{PROG}: cannot copy {directory}: {reason}", file=sys.stderr)
+                refused += 1
+        for session_id in session_ids:
+            try:
+                log = await copy_session(source, target, session_id)
+            except SessionExistsError:
+                problem = f"{printable(display_url(args.target))} already has it"
+            except PersistenceError as exc:
+                if args.session is not None:
+                    raise
+                problem = _problem(exc)
+            else:
+                count = len(log.events)
+                print(f"copied session {printable(session_id)}: {count} events")
+                continue
+            print(
+                f"{PROG}: not copying session {printable(session_id)}: {problem}", file=sys.stderr
+            )
+            refused += 1
+    return EXIT_BAD_INPUT if refused else EXIT_OK
 
 
 # -------------------------------------------------------------------------------------------
@@ -355,7 +432,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=(
             "Run the checkpoint policy's demo agent, and look into session logs written by "
-            "the JSONL backend."
+            "the JSONL or PostgreSQL backends. A store is a directory or a postgresql:// URI."
         ),
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
@@ -371,7 +448,9 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--root", metavar="DIR", help="keep the sessions in DIR (default: a temporary directory)"
+        "--root",
+        metavar="STORE",
+        help="keep the sessions in STORE (default: a temporary directory)",
     )
     demo.set_defaults(run=_demo)
 
@@ -384,7 +463,9 @@ def _parser() -> argparse.ArgumentParser:
             "and waits forever, to be killed from outside."
         ),
     )
-    agent.add_argument("--root", required=True, metavar="DIR", help="the session root")
+    agent.add_argument(
+        "--root", required=True, metavar="STORE", help="the session store (a directory or URI)"
+    )
     agent.add_argument("--session", required=True, metavar="ID", help="a new session id")
     agent.add_argument(
         "--no-policy", action="store_true", help="load the backend without the checkpoint policy"
@@ -410,6 +491,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"how long an event may wait for a background batch (default: {DEFAULT_BATCH_WINDOW})",
     )
+    _add_store_options(agent)
     agent.set_defaults(run=_agent)
 
     listing = commands.add_parser("list", help="the sessions under ROOT")
@@ -441,7 +523,40 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--tail", type=_count, metavar="N", help="only the last N events")
         command.add_argument("--turn", type=_count, metavar="N", help="only the events of turn N")
         command.set_defaults(run=_show_log, recover=name == "recover")
+    _add_copy_command(commands)
     return parser
+
+
+def _add_store_options(agent: argparse.ArgumentParser) -> None:
+    """``agent``'s options for stopping a while, and for a PostgreSQL store."""
+    agent.add_argument(
+        "--hang-for",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="with --hang-at, wait that long instead of forever, then go on with the turn",
+    )
+    agent.add_argument(
+        "--lease-ttl",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="how long the session's lease lasts unless renewed (postgresql:// stores only)",
+    )
+
+
+def _add_copy_command(commands: argparse._SubParsersAction[_Parser]) -> None:
+    summary = "copy sessions from one store to another, refusing those the target already has"
+    copy = commands.add_parser(
+        "copy",
+        help=summary,
+        description=(
+            f"{summary}. Each session is recovered in SOURCE first (as 'recover' does), then "
+            "written whole to TARGET."
+        ),
+    )
+    copy.add_argument("source", metavar="SOURCE")
+    copy.add_argument("target", metavar="TARGET")
+    copy.add_argument("--session", metavar="ID", help="copy only this session")
+    copy.set_defaults(run=_copy)
 
 
 def _problem(exc: Exception) -> str:

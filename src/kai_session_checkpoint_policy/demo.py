@@ -5,9 +5,10 @@ The agent is the smallest one in which a crash matters: a scripted model asks fo
 announces the payment), and the model then answers with text. Kill the process while the tool
 body runs and the world holds an effect that only a durable ``tool/call`` can account for.
 
-:func:`run_agent` runs one such turn on the reference host with the JSONL backend and, unless
-told otherwise, the checkpoint policy. It can stop dead at one of two places and wait forever,
-after writing a marker file, so that another process can kill it exactly there:
+:func:`run_agent` runs one such turn on the reference host with the backend of a store URL (a
+directory for JSONL, a ``postgresql://`` URI) and, unless told otherwise, the checkpoint
+policy. It can stop dead at one of two places and wait (forever, or for a given time), after
+writing a marker file, so that another process can kill, stop or observe it exactly there:
 
 ``"request"``
     inside the model adapter, once the request reached it (marker text ``request-dispatched``);
@@ -40,7 +41,15 @@ from .eventdata import message_of, texts_of
 from .hookspecs import hookimpl
 from .host import Agent, Host, Tool
 from .output import Console, event_line
-from .persistence import DEFAULT_BATCH_WINDOW, JsonlSessionPersistence, SessionNotFoundError
+from .persistence import (
+    DEFAULT_BATCH_WINDOW,
+    SessionLockedError,
+    SessionNotFoundError,
+    WriteBehind,
+    display_url,
+    is_postgres_url,
+    open_store,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
@@ -51,10 +60,12 @@ if TYPE_CHECKING:
     from .events import JSON, JSONObject, SessionEvent
     from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
     from .host import PreStep, Session, ToolExecution, TurnOutcome
+    from .persistence import Store, StoredLog
     from .results import ToolResult
 
 __all__ = [
     "CALL_ID",
+    "DEMO_LEASE_TTL",
     "MARKERS",
     "MODEL",
     "PAYMENT",
@@ -92,6 +103,9 @@ MARKERS: Final[dict[HangAt, str]] = {
     "tool": "tool-side-effect",
 }
 """The exact text written into the marker file at each place the agent can hang."""
+DEMO_LEASE_TTL: Final = 1.0
+"""Seconds the lease of the demo's killed agent lasts on a PostgreSQL store: how long the demo
+waits before it can recover the session."""
 
 
 class DemoError(RuntimeError):
@@ -115,10 +129,14 @@ def write_marker(path: Path, text: str) -> None:
         os.fsync(marker.fileno())
 
 
-async def _hang(marker: Path | None, place: HangAt) -> None:
+async def _hang(marker: Path | None, place: HangAt, hang_for: float | None) -> None:
+    """Write the marker of *place*, then wait *hang_for* seconds (``None``: forever)."""
     if marker is not None:
         write_marker(marker, MARKERS[place])
-    await anyio.sleep_forever()
+    if hang_for is None:
+        await anyio.sleep_forever()
+    else:
+        await anyio.sleep(hang_for)
 
 
 class ScriptedModel:
@@ -128,13 +146,20 @@ class ScriptedModel:
     does, it answers with one text that reports what the tool said.
     """
 
-    def __init__(self, *, hang_at_request: bool = False, marker: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        hang_at_request: bool = False,
+        marker: Path | None = None,
+        hang_for: float | None = None,
+    ) -> None:
         self.hang_at_request = hang_at_request
         self.marker = marker
+        self.hang_for = hang_for
 
     async def __call__(self, request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
         if self.hang_at_request:
-            await _hang(self.marker, "request")
+            await _hang(self.marker, "request", self.hang_for)
         result = _last_tool_result(request.messages)
         if result is None:
             for chunk in tool_call_block(0, CALL_ID, TOOL_NAME, json.dumps(PAYMENT)):
@@ -188,12 +213,14 @@ def make_payment_tool(
     hang_after_effect: bool = False,
     marker: Path | None = None,
     announce: Callable[[str], object] = print,
+    hang_for: float | None = None,
 ) -> Tool:
     """Build the side-effecting ``send_payment`` tool.
 
     The effect is one JSON line appended (and fsynced) to *ledger*, or, without a ledger, one
     line given to *announce*. The call id goes with it as the idempotency key that a real
-    payment provider would be handed.
+    payment provider would be handed. With *hang_after_effect*, the body then writes its
+    marker and waits *hang_for* seconds (forever if ``None``).
     """
 
     async def send_payment(execution: ToolExecution) -> str:
@@ -207,7 +234,7 @@ def make_payment_tool(
             }
             await anyio.to_thread.run_sync(_record_payment, ledger, entry)
         if hang_after_effect:
-            await _hang(marker, "tool")
+            await _hang(marker, "tool", hang_for)
         return f"sent {words}, receipt R-{execution.call_id}"
 
     return Tool(
@@ -219,7 +246,7 @@ def make_payment_tool(
 
 @asynccontextmanager
 async def demo_host(
-    root: Path,
+    root: str | os.PathLike[str],
     *,
     use_policy: bool = True,
     hang_at: HangAt | None = None,
@@ -228,33 +255,42 @@ async def demo_host(
     extra_plugins: Iterable[object] = (),
     announce: Callable[[str], object] = print,
     batch_window: float = DEFAULT_BATCH_WINDOW,
-) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
-    """Open a host for the demo agent; yield it with its JSONL backend.
+    hang_for: float | None = None,
+    lease_ttl: float | None = None,
+) -> AsyncIterator[tuple[Host, Store]]:
+    """Open a host for the demo agent; yield it with the backend of the store *root*.
 
-    The plugins are given explicitly instead of loaded from entry points: the JSONL backend,
-    then (with *use_policy*) the checkpoint policy and its invariant companion, then
+    The plugins are given explicitly instead of loaded from entry points: the backend that
+    :func:`~kai_session_checkpoint_policy.persistence.open_store` chooses for *root*, then
+    (with *use_policy*) the checkpoint policy and its invariant companion, then
     *extra_plugins*. The scripted model and the ``send_payment`` tool are registered.
-    *batch_window* is the backend's: how long an event may wait for a background batch.
+    *batch_window* is the backend's: how long an event may wait for a background batch;
+    *lease_ttl* the PostgreSQL lease's. *hang_for* bounds the wait at *hang_at*.
     """
-    backend = JsonlSessionPersistence(root, batch_window=batch_window)
+    backend = open_store(root, batch_window=batch_window, lease_ttl=lease_ttl)
     plugins: list[object] = [backend]
     if use_policy:
         plugins += [policy, invariant]
     plugins += extra_plugins
     async with Host(plugins, autoload=False) as host:
         host.llm.register_adapter(
-            PROVIDER, ScriptedModel(hang_at_request=hang_at == "request", marker=marker)
+            PROVIDER,
+            ScriptedModel(hang_at_request=hang_at == "request", marker=marker, hang_for=hang_for),
         )
         host.tools.register(
             make_payment_tool(
-                ledger=ledger, hang_after_effect=hang_at == "tool", marker=marker, announce=announce
+                ledger=ledger,
+                hang_after_effect=hang_at == "tool",
+                marker=marker,
+                announce=announce,
+                hang_for=hang_for,
             )
         )
         yield host, backend
 
 
 async def run_agent(
-    root: Path,
+    root: str | os.PathLike[str],
     session_id: str,
     *,
     use_policy: bool = True,
@@ -263,8 +299,10 @@ async def run_agent(
     ledger: Path | None = None,
     batch_window: float = DEFAULT_BATCH_WINDOW,
     announce: Callable[[str], object] = print,
+    hang_for: float | None = None,
+    lease_ttl: float | None = None,
 ) -> TurnOutcome:
-    """Run one scripted turn for a new session *session_id* stored under *root*.
+    """Run one scripted turn for a new session *session_id* in the store *root*.
 
     After the turn the session is flushed once more: the agent loop does not flush at the end
     of a turn, so a host that wants the whole turn on disk asks for it.
@@ -277,6 +315,8 @@ async def run_agent(
         ledger=ledger,
         batch_window=batch_window,
         announce=announce,
+        hang_for=hang_for,
+        lease_ttl=lease_ttl,
     ) as (host, _backend):
         session = host.sessions.create(session_id)
         agent = Agent(host, session, provider=PROVIDER, model=MODEL)
@@ -306,9 +346,7 @@ class CheckpointReporter:
     def report(self, host: HostServices[Session], session: Session, where: str) -> None:
         """Print which events of *session* reached the disk since the last report, and *where*."""
         backend = host.session_persistence
-        count = (
-            backend.durable_count(session.id) if isinstance(backend, JsonlSessionPersistence) else 0
-        )
+        count = backend.durable_count(session.id) if isinstance(backend, WriteBehind) else 0
         start = self._durable.get(session.id, 0)
         written = session.events[start:count]
         self._durable[session.id] = max(start, count)
@@ -414,12 +452,21 @@ async def _read_all(stream: ByteReceiveStream | None) -> str:
 
 
 def agent_command(
-    root: Path, session_id: str, *, hang_at: HangAt, marker: Path, ledger: Path, use_policy: bool
+    root: str | os.PathLike[str],
+    session_id: str,
+    *,
+    hang_at: HangAt,
+    marker: Path,
+    ledger: Path,
+    use_policy: bool,
+    lease_ttl: float | None = None,
 ) -> list[str]:
     """The command line that runs :func:`run_agent` in a child process."""
     command = [sys.executable, "-m", "kai_session_checkpoint_policy", "agent"]
     command += ["--root", str(root), "--session", session_id]
     command += ["--hang-at", hang_at, "--marker", str(marker), "--ledger", str(ledger)]
+    if lease_ttl is not None:
+        command += ["--lease-ttl", str(lease_ttl)]
     return command if use_policy else [*command, "--no-policy"]
 
 
@@ -428,14 +475,15 @@ def agent_command(
 # -------------------------------------------------------------------------------------------
 
 
-async def run_demo(root: Path | None, console: Console) -> None:
-    """Tell the whole story; keep the sessions under *root*, or in a temporary directory."""
+async def run_demo(root: str | os.PathLike[str] | None, console: Console) -> None:
+    """Tell the whole story; keep the sessions in the store *root*, or in a temporary directory."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kai-checkpoint-demo-") as scratch_name:
         scratch = Path(scratch_name)
         sessions = scratch / "sessions" if root is None else root
         suffix = "" if root is None else f"-{secrets.token_hex(3)}"
-        console.line(console.bold("kai-checkpoint demo") + console.dim(f"  sessions in {sessions}"))
+        shown = display_url(sessions)
+        console.line(console.bold("kai-checkpoint demo") + console.dim(f"  sessions in {shown}"))
         console.line(
             f"The agent: a scripted model asks for {TOOL_NAME} to pay invoice "
             f"{PAYMENT['invoice']}, the tool moves the money, the model answers."
@@ -446,10 +494,11 @@ async def run_demo(root: Path | None, console: Console) -> None:
     console.line()
     console.line(console.dim(f"demo finished in {time.monotonic() - started:.1f} s"))
     if root is not None:
-        console.line(f"The sessions stay in {root}: try 'kai-checkpoint list {root}'.")
+        shown = display_url(root)
+        console.line(f"The sessions stay in {shown}: try 'kai-checkpoint list {shown}'.")
 
 
-async def _normal_turn(console: Console, root: Path, session_id: str) -> None:
+async def _normal_turn(console: Console, root: str | os.PathLike[str], session_id: str) -> None:
     console.line()
     console.line(console.bold("1. A normal turn, with every checkpoint as it happens"))
     console.line(
@@ -472,7 +521,12 @@ async def _normal_turn(console: Console, root: Path, session_id: str) -> None:
 
 
 async def _crash(
-    console: Console, root: Path, scratch: Path, session_id: str, *, use_policy: bool
+    console: Console,
+    root: str | os.PathLike[str],
+    scratch: Path,
+    session_id: str,
+    *,
+    use_policy: bool,
 ) -> None:
     console.line()
     if use_policy:
@@ -482,6 +536,7 @@ async def _crash(
     marker = anyio.Path(scratch / f"{session_id}.marker")
     ledger = scratch / f"{session_id}.ledger"
     await marker.write_bytes(b"")
+    leased = is_postgres_url(root)
     command = agent_command(
         root,
         session_id,
@@ -489,6 +544,7 @@ async def _crash(
         marker=Path(marker),
         ledger=ledger,
         use_policy=use_policy,
+        lease_ttl=DEMO_LEASE_TTL if leased else None,
     )
     shown = "kai-checkpoint agent --hang-at tool" + ("" if use_policy else " --no-policy")
     console.line(console.dim(f"   .. starting '{shown}' as a child process"))
@@ -517,29 +573,56 @@ async def _crash(
     console.line(
         f"   In the world: the ledger holds {len(payments)} payment(s), idempotency key {CALL_ID}"
     )
-    backend = JsonlSessionPersistence(root)
+    backend = open_store(root)
     try:
-        stored = await backend.inspect(session_id)
-    except SessionNotFoundError:
-        stored = None
-    if use_policy:
-        if stored is None:
-            raise DemoError(f"with the policy loaded, session {session_id} should be on disk")
-        await _show_recovery(console, backend, session_id, stored.events)
-    else:
-        await _show_loss(console, backend, session_id, None if stored is None else stored.events)
+        try:
+            stored = await backend.inspect(session_id)
+        except SessionNotFoundError:
+            stored = None
+        if use_policy:
+            if stored is None:
+                raise DemoError(f"with the policy loaded, session {session_id} should be on disk")
+            await _show_recovery(console, backend, session_id, stored.events)
+        else:
+            stored_events = None if stored is None else stored.events
+            await _show_loss(console, backend, session_id, stored_events)
+    finally:
+        await backend.aclose()
+
+
+async def _load_when_free(console: Console, backend: Store, session_id: str) -> StoredLog:
+    """Load the session with recovery, once the killed agent's lease on it has expired.
+
+    On a PostgreSQL store the dead agent's lease holds for its ttl; a directory's lock died
+    with the process.
+    """
+    told = False
+    with anyio.fail_after(DEMO_LEASE_TTL + 20):
+        while True:
+            try:
+                return await backend.load(session_id)
+            except SessionLockedError:
+                if not told:
+                    console.line(
+                        console.dim(
+                            f"   .. the killed agent's lease lasts {DEMO_LEASE_TTL:g} s: "
+                            "another host may recover the session once it has expired"
+                        )
+                    )
+                    told = True
+            await anyio.sleep(DEMO_LEASE_TTL / 10)
 
 
 async def _show_recovery(
     console: Console,
-    backend: JsonlSessionPersistence,
+    backend: Store,
     session_id: str,
     stored: Iterable[SessionEvent],
 ) -> None:
     console.line("   On disk after the crash ('kai-checkpoint inspect'):")
     for event in stored:
         console.line(event_line(console, event, mark="    "))
-    recovered = await backend.load(session_id)
+    recovered = await _load_when_free(console, backend, session_id)
     console.line("   Recovery closes the turn ('kai-checkpoint recover'):")
     for event in recovered.repair:
         console.line(event_line(console, event, mark="   +", paint=console.note))
@@ -560,7 +643,7 @@ async def _show_recovery(
 
 async def _show_loss(
     console: Console,
-    backend: JsonlSessionPersistence,
+    backend: Store,
     session_id: str,
     stored: tuple[SessionEvent, ...] | None,
 ) -> None:
@@ -573,7 +656,7 @@ async def _show_loss(
         console.line("   On disk after the crash:")
         for event in stored:
             console.line(event_line(console, event, mark="    "))
-        recovered = await backend.load(session_id)
+        recovered = await _load_when_free(console, backend, session_id)
         if recovered.repair:
             console.line("   Recovery closes the turn:")
             for event in recovered.repair:

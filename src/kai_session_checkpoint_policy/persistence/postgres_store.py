@@ -21,11 +21,12 @@ queries. A session's header is its ``sessions`` row, created with its first batc
 epoch, expiry), renews it, and every batch is checked against it in the batch's own transaction
 (fencing). Expiry is by the *database server's* clock (``clock_timestamp()``), so it means the
 same to every machine, and a lease expires by time even while its holder's connection stays
-open. Taking over an expired lease increments the epoch. The lease row is locked (``FOR
-UPDATE``) by each batch, so a takeover waits for a batch in flight to commit; every statement
-that locks the row has a ``lock_timeout``, and the server ends a transaction that stays idle
-(``idle_in_transaction_session_timeout``), so a writer paused inside a batch can delay a
-takeover but never block it forever.
+open. Taking over an expired lease increments the epoch; its holder may renew a lease that
+expired as long as nobody took it over (no other writer has held that epoch). The lease row is
+locked (``FOR UPDATE``) by each batch, so a takeover waits for a batch in flight to commit;
+every statement that locks the row has a ``lock_timeout``, and the server ends a transaction
+that stays idle (``idle_in_transaction_session_timeout``), so a writer paused inside a batch
+can delay a takeover but never block it forever.
 
 **Batches.** A batch is one transaction that checks the lease, checks that the stored log holds
 exactly the events before the batch, and inserts the batch; the primary key makes a duplicate
@@ -40,6 +41,11 @@ before a server restart, or a backend that was terminated); otherwise the error 
 pool's ``timeout``, and every statement has ``statement_timeout``: a server that is down or
 unreachable makes a call fail within about ``pool_timeout`` seconds, and once the server is back
 the same store works again.
+
+**Reading changes nothing.** A store opened with ``migrate=False`` creates no schema: on a
+database without one, it holds no sessions; :meth:`PostgresSessionStore.migrate` creates it
+when the first write needs it. Reads stream the records from a server-side cursor, a chunk at a
+time, so a long log is never held twice in memory.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import psycopg
@@ -67,7 +75,7 @@ from .errors import (
 from .format import FORMAT_VERSION, SessionHeader, encode_session_id
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
 
     from psycopg.rows import TupleRow
@@ -124,6 +132,41 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 """The schema version this release writes."""
+
+_APPEND_AT_ONCE: Final = """
+    WITH batch AS (
+        SELECT * FROM unnest(%(sessions)b::text[], %(owners)b::text[], %(epochs)b::bigint[],
+                             %(expected)b::bigint[], %(created)b::bigint[])
+            AS batch(session_id, owner, epoch, expected, created_at)
+    ), held AS (
+        SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
+        WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
+          AND lease.expires_at > clock_timestamp()
+        ORDER BY lease.session_id
+        FOR UPDATE OF lease
+    ), ready AS (
+        SELECT batch.* FROM batch JOIN held USING (session_id)
+        WHERE batch.expected = coalesce(
+            (SELECT max(seq) + 1 FROM {schema}.events WHERE session_id = batch.session_id), 0)
+    ), new_sessions AS (
+        INSERT INTO {schema}.sessions (session_id, created_at, version)
+        SELECT session_id, created_at, %(version)s FROM ready WHERE expected = 0
+    ), written AS (
+        INSERT INTO {schema}.events (session_id, seq, type, time, record)
+        SELECT * FROM unnest(%(row_sessions)b::text[], %(seqs)b::bigint[], %(types)b::text[],
+                             %(times)b::bigint[], %(records)b::text[])
+            AS event(session_id, seq, type, time, record)
+        WHERE event.session_id IN (SELECT session_id FROM ready)
+    )
+    SELECT 1 / (SELECT CASE count(*) WHEN %(count)s THEN 1 ELSE 0 END FROM ready)
+"""
+"""Every batch in one statement, if every lease and every stored count is as expected; else
+a division by zero, which undoes the statement (:meth:`PostgresSessionStore._append_at_once`)."""
+
+
+class _NotAtOnce(Exception):
+    """A batch could not be written by the one statement: a lease or a count was not as
+    expected."""
 
 
 def migration_lock_key(schema: str) -> int:
@@ -185,7 +228,9 @@ class PostgresSessionStore:
     """Sessions, their events and their leases in one PostgreSQL schema.
 
     Creating a store opens its connection pool and creates or migrates the schema; close it
-    with :meth:`close` (or use it as a context manager).
+    with :meth:`close` (or use it as a context manager). With ``open=False`` it only checks its
+    options: the database is contacted on the first call, and the schema is created only by
+    :meth:`migrate` (until then, a database without the schema holds no sessions).
 
     :param dsn: A libpq connection string or ``postgresql://`` URI.
     :param schema: The schema that holds the tables: a plain lowercase SQL identifier.
@@ -202,6 +247,7 @@ class PostgresSessionStore:
     :param migration_timeout: Seconds a migration may wait for another process's migration, and
         each of its statements may run.
     :param application_name: Shown in ``pg_stat_activity`` for the store's connections.
+    :param open: Whether to connect and migrate now.
     """
 
     def __init__(
@@ -217,6 +263,7 @@ class PostgresSessionStore:
         idle_in_transaction_timeout: float = 10.0,
         migration_timeout: float = 60.0,
         application_name: str = "kai-session-store",
+        open: bool = True,
     ) -> None:
         checked: object = schema
         if not isinstance(checked, str) or not _IDENTIFIER.fullmatch(checked):
@@ -240,7 +287,7 @@ class PostgresSessionStore:
         }
         connect_seconds = max(2, math.ceil(_seconds("connect_timeout", connect_timeout)))
         parameters = conninfo_to_dict(dsn)
-        self._where: Final = self._describe(parameters)
+        self._where: Final = self.describe(parameters)
         # Set at connection start, after any options the connection string gives.
         options = [str(parameters.get("options") or "")] + [
             f"-c {name}={_milliseconds(seconds)}" for name, seconds in server_settings.items()
@@ -248,6 +295,9 @@ class PostgresSessionStore:
         self._pool: Final = ConnectionPool(
             dsn,
             kwargs={
+                # A statement on its own commits with its reply, in one round trip; the
+                # operations of several statements open a transaction (_run).
+                "autocommit": True,
                 "connect_timeout": connect_seconds,
                 "application_name": application_name,
                 "options": " ".join(options).strip(),
@@ -260,13 +310,18 @@ class PostgresSessionStore:
             # 4... seconds) would keep requests waiting long after the server is back.
             reconnect_timeout=self.pool_timeout / 2,
             name=f"kai-sessions-{schema}",
-            open=True,
+            open=False,
         )
-        try:
-            self.schema_version: Final = self._migrate()
-        except BaseException:
-            self._pool.close()
-            raise
+        self._opening: Final = threading.Lock()
+        self._closed = False
+        self.schema_version = 0
+        """The version of the schema in the database, as last seen (0: none seen yet)."""
+        if open:
+            try:
+                self.migrate()
+            except BaseException:
+                self._pool.close()
+                raise
 
     def __repr__(self) -> str:
         return f"<PostgresSessionStore {self._where}, schema {self.schema!r}>"
@@ -278,11 +333,18 @@ class PostgresSessionStore:
         self.close()
 
     def close(self) -> None:
-        """Close every connection of the pool."""
+        """Close every connection of the pool; the store cannot be used afterwards."""
+        with self._opening:
+            self._closed = True
         self._pool.close()
 
+    @property
+    def where(self) -> str:
+        """Where the database is, for messages: its name, host and port (never the password)."""
+        return self._where
+
     @staticmethod
-    def _describe(parameters: Mapping[str, object]) -> str:
+    def describe(parameters: Mapping[str, object]) -> str:
         """Where the database is, for messages (never the password)."""
         database = parameters.get("dbname") or parameters.get("user") or "(default database)"
         host = parameters.get("host") or "(default host)"
@@ -291,8 +353,13 @@ class PostgresSessionStore:
 
     # -- running transactions -------------------------------------------------------------------
 
-    def _run(self, what: str, operation: Callable[[_Connection], _T]) -> _T:
+    def _run(
+        self, what: str, operation: Callable[[_Connection], _T], *, single: bool = False
+    ) -> _T:
         """Run *operation* in one transaction on a pooled connection; commit if it returns.
+
+        A *single* operation runs one statement that writes (or none): it commits with its
+        reply, without a transaction around it.
 
         A call whose connection broke (a connection from before a server restart, or one whose
         backend was terminated) is run once more on a new connection; every operation is safe
@@ -300,13 +367,18 @@ class PostgresSessionStore:
         failed, with the driver's exception as its cause.
         """
         retried = False
+        with self._opening:
+            if self._pool.closed and not self._closed:
+                self._pool.open(wait=False)
         while True:
             try:
                 connection = self._pool.getconn()
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
             try:
-                with connection:  # commits on return, rolls back on an exception
+                if single:
+                    return operation(connection)
+                with connection.transaction():  # commits on return, rolls back on an exception
                     return operation(connection)
             except psycopg.Error as exc:
                 if connection.broken and not retried:
@@ -355,6 +427,12 @@ class PostgresSessionStore:
             )
         return version
 
+    def migrate(self) -> int:
+        """Create or migrate the schema, if it is not at :data:`SCHEMA_VERSION`; return that."""
+        if self.schema_version < SCHEMA_VERSION:
+            self.schema_version = self._migrate()
+        return self.schema_version
+
     def _migrate(self) -> int:
         """Apply the migrations the schema lacks, each in a transaction of its own.
 
@@ -364,6 +442,12 @@ class PostgresSessionStore:
         while (version := self._run("migrating the schema", self._migrate_once)) < SCHEMA_VERSION:
             pass
         return version
+
+    def _no_schema(self, connection: _Connection) -> bool:
+        """Whether the database has no schema yet (looked up again while it had none)."""
+        if self.schema_version == 0:
+            self.schema_version = self._stored_version(connection)
+        return self.schema_version == 0
 
     def _migrate_once(self, connection: _Connection) -> int:
         """Apply the next migration the schema lacks, if any; return the version it is at."""
@@ -441,42 +525,91 @@ class PostgresSessionStore:
         return self._run(f"acquiring the lease on session {session_id!r}", acquire)
 
     def renew(self, lease: Lease) -> Lease:
-        """Extend *lease* by its ttl from now.
+        """Extend *lease* by its ttl from now, even if it expired, unless it was taken over.
 
-        :raises LeaseLostError: if the lease expired or another owner took it over.
+        :raises LeaseLostError: if another owner took the lease over (or it was never granted).
         """
+        (renewed,) = self.renew_many([lease])
+        if isinstance(renewed, LeaseLostError):
+            raise renewed
+        return renewed
 
-        def renew(connection: _Connection) -> Lease:
-            row = connection.execute(
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | LeaseLostError]:
+        """Renew several leases in one statement; each one's renewal, or why it was lost.
+
+        A lease is renewed while its row still names its owner and epoch: nobody took it over,
+        so nobody else wrote under it, even if it expired meanwhile.
+        """
+        if not leases:
+            return []
+
+        def renew(connection: _Connection) -> list[Lease | LeaseLostError]:
+            rows = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases SET expires_at = clock_timestamp() + %s
-                       WHERE session_id = %s AND owner = %s AND epoch = %s
-                         AND expires_at > clock_timestamp()
-                       RETURNING expires_at"""
+                    """UPDATE {schema}.leases AS lease
+                       SET expires_at = clock_timestamp() + held.ttl
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::interval[])
+                           AS held(session_id, owner, epoch, ttl)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch
+                       RETURNING lease.session_id, lease.expires_at"""
                 ),
-                (timedelta(seconds=lease.ttl), lease.session_id, lease.owner, lease.epoch),
-            ).fetchone()
-            if row is None:
-                raise self._lease_lost(connection, lease, "cannot renew it")
-            return Lease(lease.session_id, lease.owner, lease.epoch, row[0], lease.ttl)
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                    [timedelta(seconds=lease.ttl) for lease in leases],
+                ),
+            ).fetchall()
+            expiries: dict[str, datetime] = dict(rows)
+            return [
+                Lease(
+                    lease.session_id,
+                    lease.owner,
+                    lease.epoch,
+                    expiries[lease.session_id],
+                    lease.ttl,
+                )
+                if lease.session_id in expiries
+                else self._lease_lost(connection, lease, "cannot renew it")
+                for lease in leases
+            ]
 
-        return self._run(f"renewing the lease on session {lease.session_id!r}", renew)
+        what = f"renewing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, renew, single=True)
 
     def release(self, lease: Lease) -> bool:
         """Give *lease* up (it expires now); return whether it was still held."""
+        return self.release_many([lease]) == 1
 
-        def release(connection: _Connection) -> bool:
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        """Give several leases up in one statement; return how many were still held."""
+        if not leases:
+            return 0
+
+        def release(connection: _Connection) -> int:
             cursor = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases SET expires_at = clock_timestamp()
-                       WHERE session_id = %s AND owner = %s AND epoch = %s
-                         AND expires_at > clock_timestamp()"""
+                    """UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[])
+                           AS held(session_id, owner, epoch)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch AND lease.expires_at > clock_timestamp()"""
                 ),
-                (lease.session_id, lease.owner, lease.epoch),
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                ),
             )
-            return cursor.rowcount == 1
+            return cursor.rowcount
 
-        return self._run(f"releasing the lease on session {lease.session_id!r}", release)
+        what = f"releasing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, release, single=True)
 
     def _lease_lost(
         self, connection: _Connection, lease: Lease, consequence: str
@@ -535,6 +668,15 @@ class PostgresSessionStore:
         if len(set(sessions)) != len(sessions):
             raise ValueError(f"one transaction can take one batch per session, not {sessions}")
         records = [self._checked_records(batch) for batch in batches]
+        what = f"appending to session {sessions[0]!r}" + (
+            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
+        )
+        try:
+            self._run(what, partial(self._append_at_once, batches, records), single=True)
+        except _NotAtOnce:
+            pass  # something is not as expected: the transaction below finds out what
+        else:
+            return [len(batch.events) for batch in batches]
 
         def append(connection: _Connection) -> list[int]:
             rows = connection.execute(
@@ -605,10 +747,45 @@ class PostgresSessionStore:
                 )
             return written
 
-        what = f"appending to session {sessions[0]!r}" + (
-            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
-        )
         return self._run(what, append)
+
+    def _append_at_once(
+        self, batches: Sequence[Batch], records: list[list[str]], connection: _Connection
+    ) -> None:
+        """Write every batch in one statement, which commits with its reply: one round trip.
+
+        The statement locks the leases, and writes only if every lease is held under its epoch
+        and every stored log ends right before its batch. Otherwise its last expression
+        divides by zero, and the whole statement is undone.
+
+        :raises _NotAtOnce: if the statement found anything else (the caller's transaction
+            then finds out what, and writes what it may).
+        """
+        rows = [
+            (batch.lease.session_id, event, line)
+            for batch, lines in zip(batches, records, strict=True)
+            for event, line in zip(batch.events, lines, strict=True)
+        ]
+        try:
+            connection.execute(
+                self._sql(_APPEND_AT_ONCE),
+                {
+                    "sessions": [batch.lease.session_id for batch in batches],
+                    "owners": [batch.lease.owner for batch in batches],
+                    "epochs": [batch.lease.epoch for batch in batches],
+                    "expected": [batch.expected_count for batch in batches],
+                    "created": [batch.events[0].time for batch in batches],
+                    "version": FORMAT_VERSION,
+                    "count": len(batches),
+                    "row_sessions": [row[0] for row in rows],
+                    "seqs": [row[1].seq for row in rows],
+                    "types": [row[1].type for row in rows],
+                    "times": [row[1].time for row in rows],
+                    "records": [row[2] for row in rows],
+                },
+            )
+        except psycopg.errors.DivisionByZero:
+            raise _NotAtOnce from None
 
     @staticmethod
     def _checked_records(batch: Batch) -> list[str]:
@@ -659,31 +836,86 @@ class PostgresSessionStore:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def exists(self, session_id: str) -> bool:
+        """Whether the store holds a session *session_id* (a lease alone makes none)."""
+
+        def exists(connection: _Connection) -> bool:
+            if self._no_schema(connection):
+                return False
+            row = connection.execute(
+                self._sql("SELECT EXISTS (SELECT FROM {schema}.sessions WHERE session_id = %s)"),
+                (session_id,),
+            ).fetchone()
+            return bool(row and row[0])
+
+        return self._run(f"looking up session {session_id!r}", exists, single=True)
+
+    def count(self, session_id: str) -> int:
+        """How many events the store holds for *session_id* (0 for a session it does not hold)."""
+
+        def count(connection: _Connection) -> int:
+            if self._no_schema(connection):
+                return 0
+            row = connection.execute(
+                self._sql(
+                    "SELECT coalesce(max(seq) + 1, 0) FROM {schema}.events WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            assert row is not None
+            stored: int = row[0]
+            return stored
+
+        return self._run(f"counting the events of session {session_id!r}", count, single=True)
+
     def read(self, session_id: str) -> StoredRecords:
         """The header and the events' log lines of *session_id*, in seq order.
 
         :raises SessionNotFoundError: if the store holds no such session.
         """
+        return self.read_with(
+            session_id, lambda header, records: StoredRecords(header, tuple(records))
+        )
 
-        def read(connection: _Connection) -> StoredRecords:
+    def read_with(
+        self,
+        session_id: str,
+        consume: Callable[[SessionHeader, Iterator[str]], _T],
+        *,
+        chunk: int = 10_000,
+    ) -> _T:
+        """Return what *consume* makes of the header and the log lines of *session_id*.
+
+        *consume* gets the lines in seq order from a server-side cursor that fetches *chunk*
+        at a time, all in one read-only snapshot. It may be called again from the start, if
+        the connection broke before it returned.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+
+        def read(connection: _Connection) -> _T:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            row = connection.execute(
-                self._sql(
-                    "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
-                ),
-                (session_id,),
-            ).fetchone()
+            row = None
+            if not self._no_schema(connection):
+                row = connection.execute(
+                    self._sql(
+                        "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
+                    ),
+                    (session_id,),
+                ).fetchone()
             if row is None:
                 raise SessionNotFoundError(
                     f"no session {session_id!r} in the PostgreSQL session store, {self._where}"
                 )
-            records = connection.execute(
-                self._sql("SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"),
-                (session_id,),
-            ).fetchall()
-            return StoredRecords(
-                SessionHeader(session_id, row[0], row[1]), tuple(record for (record,) in records)
-            )
+            with connection.cursor(name="kai_session_records") as cursor:
+                cursor.itersize = chunk
+                cursor.execute(
+                    self._sql(
+                        "SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"
+                    ),
+                    (session_id,),
+                )
+                return consume(SessionHeader(session_id, row[0], row[1]), _first_column(cursor))
 
         return self._run(f"reading session {session_id!r}", read)
 
@@ -691,6 +923,8 @@ class PostgresSessionStore:
         """The headers of every stored session, oldest first."""
 
         def list_sessions(connection: _Connection) -> list[SessionHeader]:
+            if self._no_schema(connection):
+                return []
             rows = connection.execute(
                 self._sql(
                     """SELECT session_id, created_at, version FROM {schema}.sessions
@@ -699,4 +933,10 @@ class PostgresSessionStore:
             ).fetchall()
             return [SessionHeader(*row) for row in rows]
 
-        return self._run("listing sessions", list_sessions)
+        return self._run("listing sessions", list_sessions, single=True)
+
+
+def _first_column(rows: Iterable[tuple[object, ...]]) -> Iterator[str]:
+    for (record,) in rows:
+        assert isinstance(record, str)
+        yield record

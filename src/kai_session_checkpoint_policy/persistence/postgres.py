@@ -1,0 +1,549 @@
+"""The PostgreSQL persistence backend: sessions that any of many hosts can pick up.
+
+The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
+(:mod:`.core`), as for JSONL; this module makes a batch durable in a database transaction and
+reads logs back, through the blocking store of :mod:`.postgres_store`, called from worker
+threads (:func:`~.workers.run_in_worker`, on asyncio and on trio alike).
+
+**Leases.** A host writes a session only while it holds the session's lease: it takes the lease
+with the session's first write (learning the durable count), renews all of its leases in one
+statement every third of the lease's ttl (a task in the host's task group), and gives a
+session's lease up when the session is detached or the host closes. Every batch is checked
+against the lease's epoch in its own transaction, so a host whose lease was taken over is
+refused by its next flush, and its adapter or tool body never runs; a flush with nothing to
+write is refused too once the lease is known lost. A lease that expired while nobody took it
+over (the database was down, the host was paused) is renewed at the next write, and the
+session goes on. Loading a session takes its lease for the recovery, and gives it up after.
+
+**Group commit.** A batch is one transaction. Batches of different sessions due at the same
+moment share one: the first writer commits what is queued, and those that arrive meanwhile
+are committed together by the next, so 100 sessions checkpointing at once cost a few
+transactions, not 100. If the shared transaction refuses one batch (a lease lost, a seq that
+does not follow), each batch is written again in a transaction of its own, so that the refusal
+reaches only its session.
+
+**Failure.** Every call is bounded (see :class:`PostgresSessionPersistence`): a database that is
+down or restarting makes a flush fail, keeping its batch queued; once it is back, the next
+flush writes the batch, and one whose acknowledgement was lost is recognised, never written
+twice (:meth:`~.postgres_store.PostgresSessionStore.append_many`).
+
+Each event is stored as the exact text of :meth:`SessionEvent.encode()
+<kai_session_checkpoint_policy.SessionEvent.encode>`, and read back with the JSONL format's own
+decoders of lines, so a log copied between the two backends reads the same in both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from typing import TYPE_CHECKING, Final
+
+import anyio
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind
+from .errors import (
+    CorruptLogError,
+    LeaseLostError,
+    PersistenceError,
+    SeqMismatchError,
+    UnsupportedFormatError,
+)
+from .format import RecordError, _collector_paused, _decode_lines, decode_event, encode_session_id
+from .jsonl import SessionListing
+from .postgres_store import DEFAULT_SCHEMA, Batch, PostgresSessionStore, _seconds
+from .repair import interrupted_turn_closers
+from .workers import run_in_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
+    from ..events import SessionEvent
+    from .core import Writer
+    from .format import SessionHeader
+    from .postgres_store import Lease
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "RENEWALS_PER_TTL",
+    "CorruptRecordError",
+    "PostgresSessionPersistence",
+    "PostgresStatistics",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LEASE_TTL: Final = 10.0
+"""Seconds a lease lasts from its last renewal: how long a dead host's sessions stay locked."""
+RENEWALS_PER_TTL: Final = 3
+"""How often a lease is renewed within its ttl: a host may miss two renewals in a row."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresStatistics(PersistenceStatistics):
+    """Counters of a PostgreSQL backend since it was created."""
+
+    transactions: int
+    """Transactions that made batches durable (batches of several sessions may share one)."""
+    leases: int
+    """Leases held now, on the live sessions that wrote."""
+
+
+class CorruptRecordError(CorruptLogError):
+    """A stored event of a log in the database is damaged; nothing was changed.
+
+    ``location`` names the database and the session, ``seq`` the damaged event.
+    """
+
+    def __init__(self, location: str, seq: int, problem: str) -> None:
+        PersistenceError.__init__(self, f"corrupt session log {location}, seq {seq}: {problem}")
+        self.location = location
+        self.seq = seq
+        self.problem = problem
+
+
+class _Lease:
+    """The state of one session written here: its lease, and the durable count."""
+
+    __slots__ = ("count", "lease", "lost", "valid_until")
+
+    def __init__(self, lease: Lease, count: int, valid_until: float) -> None:
+        self.lease = lease
+        self.count = count  # durable events: the seq the next event must have
+        self.lost: LeaseLostError | None = None  # set once the lease is known taken over
+        self.valid_until = valid_until  # monotonic time before which the lease surely holds
+
+
+class _Queued:
+    """One session's batch waiting for a group commit, and what became of it."""
+
+    __slots__ = ("alone", "batch", "done", "error", "wake")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.wake = threading.Event()  # set once done, or to lead the next commit
+        self.done = False
+        self.alone = False  # the shared transaction refused a batch: write this one on its own
+        self.error: BaseException | None = None
+
+
+class _GroupCommit:
+    """Commits the batches that worker threads hand it, those queued together in one transaction.
+
+    A thread that finds no commit in progress commits everything queued, its own batch
+    included. Threads that arrive meanwhile queue up and wait; when the commit is over, its
+    leader wakes the threads whose batches it wrote, and the first of those queued since, who
+    commits all of them. Nothing waits for company: a lone batch is committed at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[_Queued] = []
+        self._committing = False
+        self.transactions = 0
+
+    def append(self, store: PostgresSessionStore, batch: Batch) -> None:
+        """Make *batch* durable, maybe in one transaction with batches of other sessions."""
+        mine = _Queued(batch)
+        with self._lock:
+            self._queue.append(mine)
+            leader = not self._committing
+            self._committing = True
+        if not leader:
+            mine.wake.wait()
+            leader = not mine.done  # woken to lead the next commit
+        if leader:
+            with self._lock:
+                group, self._queue = self._queue, []
+            try:
+                self._commit(store, group)
+            finally:
+                with self._lock:
+                    successor = self._queue[0] if self._queue else None
+                    self._committing = successor is not None
+                for queued in group:
+                    queued.wake.set()
+                if successor is not None:
+                    successor.wake.set()
+        if mine.alone:
+            store.append_many([batch])
+            with self._lock:
+                self.transactions += 1
+        elif mine.error is not None:
+            if leader:
+                raise mine.error
+            raise copy.copy(mine.error) from mine.error  # an exception of this thread's own
+
+    def _commit(self, store: PostgresSessionStore, group: list[_Queued]) -> None:
+        try:
+            store.append_many([queued.batch for queued in group])
+        except (LeaseLostError, SeqMismatchError) as refused:
+            # Nothing was written; the error names one session. The others go on alone.
+            for queued in group:
+                queued.alone = len(group) > 1
+                queued.error = None if queued.alone else refused
+        except Exception as exc:
+            for queued in group:
+                queued.error = exc
+        else:
+            with self._lock:
+                self.transactions += 1
+        finally:
+            for queued in group:
+                queued.done = True
+
+
+_DECODED_AT_ONCE: Final = 4096
+"""How many stored lines are decoded in one call of the format's decoder of runs of lines."""
+
+
+def _decode_records(records: Iterable[str], location: str) -> tuple[SessionEvent, ...]:
+    """Decode stored log lines as the JSONL backend decodes its lines, seqs from 0.
+
+    Runs of lines are decoded at once, as a log file's are (which shares one copy of each key
+    among their events); a run that is not all intact events is decoded a line at a time,
+    which names the first that is not the event expected next.
+
+    :raises CorruptRecordError: naming that line's seq.
+    """
+    events: list[SessionEvent] = []
+    lines = iter(records)
+    with _collector_paused():  # as when reading a log file: a million events, few collections
+        while run := list(islice(lines, _DECODED_AT_ONCE)):
+            data = ("\n".join(run) + "\n").encode("utf-8", "surrogatepass")
+            decoded = _decode_lines(data, 0, len(data), len(events), False)
+            events += decoded if decoded is not None else _decode_each(run, len(events), location)
+    return tuple(events)
+
+
+def _decode_each(run: list[str], first: int, location: str) -> list[SessionEvent]:
+    """Decode a run of stored lines one by one, their seqs from *first*."""
+    events = []
+    for seq, record in enumerate(run, start=first):
+        try:
+            events.append(decode_event(record, seq))
+        except RecordError as error:
+            if error.unsupported:
+                raise UnsupportedFormatError(f"{location}, seq {seq}: {error.problem}") from None
+            raise CorruptRecordError(location, seq, error.problem) from None
+    return events
+
+
+def _default_owner() -> str:
+    """This backend's name in the leases it takes: host, process, and a token of its own."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+class PostgresSessionPersistence(WriteBehind[_Lease]):
+    """Persist every live session of a host in a PostgreSQL database, under single-writer leases.
+
+    Register it on a :class:`~kai_session_checkpoint_policy.host.Host`: opening the host makes
+    it the host's ``session_persistence``; closing the host drains every queue and gives every
+    lease up. Reading (:meth:`list_sessions`, :meth:`inspect`, :meth:`load`) also works without
+    a host; call :meth:`aclose` afterwards to close the connections.
+
+    The database is reached on first use, in a worker thread, never while constructing; the
+    schema is created or migrated by the first write (reading creates nothing).
+    ``session_exists`` asks the database from the caller's thread, since it answers at once.
+
+    :param dsn: A libpq connection string or ``postgresql://`` URI.
+    :param lease_ttl: Seconds a lease lasts from its last renewal; renewed every third of it.
+        A host that dies (or stops) keeps its sessions locked this long.
+    :param batch_window: Seconds an event may wait before a background batch writes it.
+    :param schema: The schema of the backend's tables, created by the first write.
+    :param owner: The name this backend takes leases under; by default the machine's name,
+        the process id and a random token. Two backends must never share one.
+    :param pool_timeout: Seconds a call waits for a database connection: with the database
+        down, a flush fails after about this long (twice, at most, if a connection broke).
+    :param lock_timeout: Seconds a statement waits for a lock: a takeover waits this long for
+        a batch in flight.
+    :param max_connections: The most connections the backend opens at once.
+    :param application_name: Shown in ``pg_stat_activity`` for the backend's connections.
+    """
+
+    name: Final = "session-persistence-postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        batch_window: float = DEFAULT_BATCH_WINDOW,
+        schema: str = DEFAULT_SCHEMA,
+        owner: str | None = None,
+        pool_timeout: float = 5.0,
+        lock_timeout: float = 2.0,
+        max_connections: int = 4,
+        application_name: str = "kai-session-checkpoint-policy",
+    ) -> None:
+        checked: object = dsn
+        if not isinstance(checked, str):
+            raise TypeError(f"dsn must be a connection string, not {checked!r}")
+        try:
+            conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ValueError(f"dsn is not a PostgreSQL connection string: {exc}") from None
+        chosen: object = owner if owner is not None else _default_owner()
+        if not isinstance(chosen, str) or not chosen:
+            raise ValueError(f"owner must be a non-empty string, not {chosen!r}")
+        super().__init__(batch_window=_seconds("batch_window", batch_window))
+        self.dsn: Final = dsn
+        self.lease_ttl: Final = _seconds("lease_ttl", lease_ttl)
+        self.owner: Final = chosen
+        self.store: Final = PostgresSessionStore(
+            dsn,
+            schema=schema,
+            pool_timeout=pool_timeout,
+            lock_timeout=lock_timeout,
+            max_connections=max_connections,
+            application_name=application_name,
+            open=False,  # connected on first use, from a worker thread
+        )
+        """The blocking store the backend calls from worker threads."""
+        self.where: Final = f"PostgreSQL {self.store.where}, schema {schema!r}"
+        """Where the sessions are, for messages: database, host, port, schema (no password)."""
+        self._group = _GroupCommit()
+        self._held: dict[_Lease, None] = {}  # the leases the renewer keeps, in order
+        self._unreleased: list[Lease] = []  # leases to give up
+        self._lease_statements = threading.Lock()  # a renewal and a release never cross
+        self._renewer: tuple[anyio.CancelScope, anyio.Event] | None = None
+
+    def __repr__(self) -> str:
+        return f"<PostgresSessionPersistence {self.where}>"
+
+    def session_exists(self, session_id: str) -> bool:
+        """Whether the database holds a log for *session_id* (one query, from this thread)."""
+        encode_session_id(session_id)
+        return self.store.exists(session_id)
+
+    def statistics(self) -> PostgresStatistics:
+        core = super().statistics()
+        return PostgresStatistics(
+            sessions=core.sessions,
+            pending_events=core.pending_events,
+            batches=core.batches,
+            transactions=self._group.transactions,
+            leases=len(self._held),
+        )
+
+    async def aclose(self) -> None:
+        """Drain every queue, give every lease up, stop renewing, close the connections.
+
+        The first drain failure is raised (after the rest is done).
+        """
+        try:
+            await super().aclose()
+        finally:
+            if self._renewer is not None:
+                scope, stopped = self._renewer
+                scope.cancel()
+                await stopped.wait()  # a renewal in flight is waited out
+                self._renewer = None
+            await self._release_leases()
+            await run_in_worker(self.store.close)
+
+    def _writable(self) -> PostgresSessionStore:
+        """The store, its schema created or migrated if it is not yet (blocking)."""
+        self.store.migrate()
+        return self.store
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _ready(self, session_id: str, log: _Lease | None) -> _Lease:
+        if log is None:
+            store = self._writable()
+            asked = time.monotonic()
+            lease = store.acquire(session_id, self.owner, self.lease_ttl)
+            return _Lease(lease, store.count(session_id), asked + lease.ttl)
+        if log.lost is not None:
+            raise LeaseLostError(str(log.lost))
+        return log
+
+    def _append(self, log: _Lease, session_id: str, batch: Sequence[SessionEvent]) -> None:
+        store = self._writable()
+        try:
+            self._group.append(store, Batch(log.lease, log.count, batch))
+        except LeaseLostError as refused:
+            # Expired with nobody taking it over (the database was down, or this process
+            # paused), the lease is renewed at its epoch and the batch goes on; taken over,
+            # this session is written here no more.
+            if not self._renew(log):
+                log.lost = refused
+                raise
+            self._group.append(store, Batch(log.lease, log.count, batch))
+
+    def _renew(self, log: _Lease) -> bool:
+        """Renew *log*'s lease (blocking); whether it was still this backend's to renew."""
+        asked = time.monotonic()
+        try:
+            log.lease = self._writable().renew(log.lease)
+        except LeaseLostError as lost:
+            log.lost = lost
+            return False
+        log.valid_until = asked + log.lease.ttl
+        return True
+
+    def _location(self, log: _Lease) -> str:
+        return self._location_of(log.lease.session_id)
+
+    def _location_of(self, session_id: str) -> str:
+        return f"{self.where}, session {session_id!r}"
+
+    def _after_write(self, writer: Writer[_Lease]) -> None:
+        """Keep renewing the lease of a session that wrote (on the loop's thread)."""
+        log = writer.log
+        if log is not None and log.lost is None and log not in self._held:
+            self._held[log] = None
+            if self._renewer is None and self._task_group is not None:
+                self._renewer = (anyio.CancelScope(), anyio.Event())
+                self._task_group.start_soon(self._keep_leases, *self._renewer)
+
+    def _release(self, log: _Lease) -> None:
+        """Stop renewing *log*'s lease, and give it up in the background (or when closing)."""
+        self._held.pop(log, None)
+        if log.lost is None:
+            self._unreleased.append(log.lease)
+            log.lost = LeaseLostError(f"the lease on session {log.lease.session_id!r} was given up")
+            if self._task_group is not None:
+                self._task_group.start_soon(self._release_leases)
+
+    async def _flush(self, writer: Writer[_Lease]) -> None:
+        """Flush as the core does; then, even with nothing to write, refuse a lost lease.
+
+        A lease not renewed for a whole ttl (the renewals failed, or this process was
+        paused) is renewed first, so that the checkpoint is never passed on a lease another
+        host took over meanwhile.
+        """
+        await super()._flush(writer)
+        log = writer.log
+        if log is None:
+            return
+        if log.lost is None and time.monotonic() >= log.valid_until:
+            async with writer.lane:
+                if writer.log is log:
+                    await run_in_worker(partial(self._renew, log))
+        if log.lost is not None:
+            raise LeaseLostError(str(log.lost))
+
+    async def _keep_leases(self, scope: anyio.CancelScope, stopped: anyio.Event) -> None:
+        """Renew every lease held, in one statement, every third of the ttl, until cancelled."""
+        try:
+            with scope:
+                while True:
+                    await anyio.sleep(self.lease_ttl / RENEWALS_PER_TTL)
+                    held = list(self._held)
+                    if held:
+                        await self._renew_all(held)
+        finally:
+            stopped.set()
+
+    async def _renew_all(self, held: list[_Lease]) -> None:
+        asked = time.monotonic()
+
+        def renew() -> list[tuple[_Lease, Lease | LeaseLostError]]:
+            with self._lease_statements:
+                # Under the lock that releases take: a lease given up since the renewal was
+                # decided (its session closed) is not renewed, which would keep it held.
+                still = [log for log in held if log.lost is None]
+                if not still:
+                    return []
+                renewed = self._writable().renew_many([log.lease for log in still])
+                return list(zip(still, renewed, strict=True))
+
+        try:
+            outcomes = await run_in_worker(renew)
+        except PersistenceError as exc:
+            logger.warning("could not renew %d session leases: %s", len(held), exc)
+            return
+        for log, lease in outcomes:
+            if isinstance(lease, LeaseLostError):
+                if log.lost is None:
+                    log.lost = lease
+                    logger.warning("%s", lease)
+                self._held.pop(log, None)
+            elif log.lost is None and lease.epoch == log.lease.epoch:
+                log.lease, log.valid_until = lease, asked + lease.ttl
+
+    async def _release_leases(self) -> None:
+        """Give up the leases of the sessions that were released, in one statement."""
+
+        def release() -> int:
+            with self._lease_statements:
+                leases, self._unreleased = self._unreleased, []
+                return self._writable().release_many(leases) if leases else 0
+
+        try:
+            await run_in_worker(release)
+        except PersistenceError as exc:  # they expire by themselves
+            logger.warning("could not give up session leases: %s", exc)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def list_sessions(self) -> list[SessionHeader]:
+        """The headers of the sessions stored in the database, oldest first."""
+        return list((await self.scan_sessions()).headers)
+
+    async def scan_sessions(self) -> SessionListing:
+        """The headers of the stored sessions; a database has no session it cannot list."""
+        headers = await run_in_worker(lambda: self.store.list_sessions())
+        return SessionListing(tuple(headers), ())
+
+    async def inspect(self, session_id: str) -> StoredLog:
+        """Read a log without changing anything; ``repair`` is what recovery would append.
+
+        :raises SessionNotFoundError: if the database holds no log for *session_id*.
+        :raises CorruptRecordError: if a stored event cannot be read.
+        """
+        return await run_in_worker(partial(self._inspect, session_id))
+
+    async def load(self, session_id: str) -> StoredLog:
+        """Read a log with recovery, under the session's lease; the repair is durable.
+
+        :raises LiveSessionError: if the session is live here and its turn is still open.
+        :raises SessionLockedError: if another host holds the session's lease.
+        :raises SessionNotFoundError, CorruptRecordError: as :meth:`inspect`; nothing is
+            changed.
+        """
+        return await super().load(session_id)
+
+    def _inspect(self, session_id: str) -> StoredLog:
+        encode_session_id(session_id)
+        header, events = self._read(self.store, session_id)
+        repair = interrupted_turn_closers(events)
+        return StoredLog(header, events, repair, 0, self._location_of(session_id))
+
+    def _recover(self, session_id: str) -> StoredLog:
+        encode_session_id(session_id)
+        store = self._writable()
+        lease = store.acquire(session_id, self.owner, self.lease_ttl)
+        try:
+            header, events = self._read(store, session_id)
+            repair = interrupted_turn_closers(events)  # a database has no torn tail to cut
+            if repair:
+                store.append(lease, len(events), repair)
+            return StoredLog(header, events + repair, repair, 0, self._location_of(session_id))
+        finally:
+            with contextlib.suppress(PersistenceError):  # it expires by itself
+                store.release(lease)
+
+    def _read(
+        self, store: PostgresSessionStore, session_id: str
+    ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        location = self._location_of(session_id)
+
+        def decode(
+            header: SessionHeader, records: Iterator[str]
+        ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+            return header, _decode_records(records, location)
+
+        return store.read_with(session_id, decode)
