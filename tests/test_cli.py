@@ -389,7 +389,7 @@ def test_help_and_module_entry_point() -> None:
     completed = subprocess.run(
         [*COMMAND, "--help"], capture_output=True, text=True, timeout=60, check=True
     )
-    for command in ("demo", "agent", "list", "inspect", "recover"):
+    for command in ("demo", "agent", "list", "inspect", "recover", "copy"):
         assert command in completed.stdout
 
 
