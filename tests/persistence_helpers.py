@@ -38,7 +38,7 @@ else:
     from backports import zstd
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 T0 = 1_700_000_000_000
 
@@ -142,7 +142,7 @@ def lines(path: Path) -> list[JSONObject]:
     return [json.loads(line) for line in text_of(path).splitlines()]
 
 
-def stored_events(path: Path) -> tuple[SessionEvent, ...]:
+def stored_events(path: Path) -> Sequence[SessionEvent]:
     """The events a log file holds, as the backend reads them."""
     return scan_log(path.read_bytes(), path).events
 

@@ -37,6 +37,7 @@ from kai_session_checkpoint_policy import (
     Session,
     SessionEvent,
     SessionExistsError,
+    StoredDataError,
     cli,
     policy,
 )
@@ -85,7 +86,7 @@ from .persistence_helpers import (
 from .strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from types import FrameType
 
     from kai_session_checkpoint_policy import JSON, JSONObject, TurnOutcome
@@ -256,7 +257,7 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
 
-        async def write_and_load() -> tuple[SessionEvent, ...]:
+        async def write_and_load() -> Sequence[SessionEvent]:
             async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
                 session = host.sessions.create("s")
                 session.append("note", {"value": value}, ignorable=True)
@@ -409,7 +410,6 @@ SHAPES: Final[dict[str, Callable[[bytes], bytes]]] = {
     "missing field": lambda line: re.sub(rb'"time":\d+,', b"", line),
     "seq as a string": lambda line: re.sub(rb'"seq":(\d+)', rb'"seq":"\1"', line),
     "NaN": lambda line: line.replace(b'"data":{', b'"data":{"nan":NaN,', 1),
-    "1e999": lambda line: line.replace(b'"data":{', b'"data":{"big":1e999,', 1),
     "time in the year 10000": lambda line: re.sub(rb'"time":\d+', b'"time":253402300800000', line),
     "nested 100000 deep": lambda line: line.replace(
         b'"data":{', b'"data":{"deep":' + b"[" * 100_000 + b"]" * 100_000 + b",", 1
@@ -482,6 +482,50 @@ def test_a_last_line_of_an_unexpected_shape_is_named_not_cut(tmp_path: Path, dam
     lines[-2] = SHAPES[damage](lines[-2])  # the last event; lines[-1] is empty
     path.write_bytes(b"\n".join(lines))
     assert_refused_and_left_alone(tmp_path, path, len(lines) - 1, written)
+
+
+def with_data_damage(path: Path, line: int) -> str:
+    """Put a number no float holds into the data of the event on *line*; return its type."""
+    lines = path.read_bytes().split(b"\n")
+    lines[line - 1] = lines[line - 1].replace(b'"data":{', b'"data":{"big":1e999,', 1)
+    path.write_bytes(b"\n".join(lines))
+    return str(json.loads(lines[line - 1].replace(b"1e999", b"0"))["type"])
+
+
+def test_damaged_data_in_a_closed_turn_is_kept_and_named_when_read(tmp_path: Path) -> None:
+    """Only the envelope is checked on reading; the record was written whole, so it stays."""
+    path, written = stored(tmp_path, plain=True)
+    event_type = with_data_damage(path, 6)
+    before = tree(tmp_path, locks=False)
+    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (len(loaded.events), loaded.repair, loaded.torn_bytes) == (len(written), (), 0)
+    assert tree(tmp_path, locks=False) == before
+    assert [event.data for event in loaded.events[5:]] == [event.data for event in written[5:]]
+    damaged = loaded.events[4]
+    assert (damaged.type, damaged.seq) == (event_type, 4)
+    with pytest.raises(StoredDataError) as refused:
+        _ = damaged.data
+    assert str(refused.value) == (
+        f"the data of the stored {event_type!r} event (seq 4): 1e999 is not a finite number"
+    )
+
+
+def test_damaged_data_in_the_open_turn_is_named_and_left_alone(tmp_path: Path) -> None:
+    """Recovery reads the data of the open turn's events: it names the event and stops."""
+    path, _, line = open_turn_log(tmp_path)
+    event_type = with_data_damage(path, line)
+    seq = line - 2  # after the header, one event per line
+    before = tree(tmp_path)
+    backend = JsonlSessionPersistence(tmp_path)
+    for read in (backend.inspect, backend.load):
+        with pytest.raises(CorruptLogError) as refused:
+            anyio.run(read, "s")
+        assert (refused.value.path, refused.value.line, refused.value.seq) == (path, None, seq)
+        assert str(refused.value) == (
+            f"corrupt session log {path}, seq {seq}: the data of the {event_type!r} event: "
+            "1e999 is not a finite number"
+        )
+    assert tree(tmp_path) == before
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

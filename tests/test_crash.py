@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
 
 from kai_session_checkpoint_policy.demo import HangAt
-from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.persistence import (
     OUTCOME_UNKNOWN_TEXT,
     JsonlSessionPersistence,
@@ -23,6 +23,11 @@ from kai_session_checkpoint_policy.persistence import (
 )
 
 from .markers import kill_at_marker, start_agent
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from kai_session_checkpoint_policy.events import SessionEvent
 
 pytestmark = [
     pytest.mark.crash,
@@ -41,7 +46,7 @@ def kill_at(
     return tmp_path / "sessions"
 
 
-def recover(root: Path) -> tuple[SessionEvent, ...]:
+def recover(root: Path) -> Sequence[SessionEvent]:
     return anyio.run(JsonlSessionPersistence(root).load, SESSION).events
 
 

@@ -557,7 +557,8 @@ def test_recovery_converts_a_log_in_the_earlier_format(
     inspected = anyio.run(JsonlSessionPersistence(tmp_path).inspect, "old/1")
     loaded = anyio.run(JsonlSessionPersistence(tmp_path, compression=compression).load, "old/1")
     new = log_path(tmp_path, "old/1", compression)
-    assert (loaded.events, loaded.repair) == (inspected.events + inspected.repair, inspected.repair)
+    assert loaded.events == (*inspected.events, *inspected.repair)
+    assert loaded.repair == inspected.repair
     assert loaded.location == str(new)
     assert stored_events(new) == loaded.events
     assert scan_log(new.read_bytes(), new).header == SessionHeader("old/1", 1_700_000_000_000)

@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kai_session_checkpoint_policy.events import JSONObject, SessionEvent, SurfaceReplace
+from kai_session_checkpoint_policy.events import (
+    JSONObject,
+    SessionEvent,
+    StoredDataError,
+    SurfaceReplace,
+)
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
@@ -199,10 +204,6 @@ SHAPES = {
         "seq is not an integer",
     ),
     "a type that is not a string": (b'{"type":8,"seq":8,"time":1,"data":{}}', "the event type"),
-    "data that is not an object": (
-        b'{"type":"plan/mode","seq":8,"time":1,"data":[]}',
-        "the event data",
-    ),
     "a seq out of order": (
         b'{"type":"plan/mode","seq":9,"time":1,"data":{}}',
         "seq 9 where 8 was",
@@ -216,18 +217,6 @@ SHAPES = {
         b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-Infinity}}',
         "-Infinity is not",
     ),
-    "1e999": (
-        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1e999}}',
-        "1e999 is not a finite",
-    ),
-    "-1e999": (
-        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":-1e999}}',
-        "-1e999 is not a finite",
-    ),
-    "a 400-digit float": (
-        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":1%s.0}}' % (b"0" * 400),
-        "is not a finite number",
-    ),
     "a negative time": (
         b'{"type":"plan/mode","seq":8,"time":-1,"data":{}}',
         "the event time is not an",
@@ -239,10 +228,6 @@ SHAPES = {
     "a time of 10**30": (
         b'{"type":"plan/mode","seq":8,"time":%d,"data":{}}' % 10**30,
         "the event time is not an integer from 0 to 253402300799999",
-    ),
-    "data nested 65 levels": (
-        b'{"type":"plan/mode","seq":8,"time":1,"data":{"v":%s}}' % DEEP[1:-1].encode(),
-        "the line is nested 66 levels deep; an event line nests at most 65 (its data at most 64)",
     ),
 }
 
@@ -262,6 +247,49 @@ def test_a_complete_record_of_an_unexpected_shape_is_corruption_anywhere(
     assert caught.value.line == 10
     assert problem in caught.value.problem
     assert "torn tail" not in caught.value.problem
+
+
+DATA_PROBLEMS = {
+    "not an object": (b"[]", "not a JSON object"),
+    "1e999": (b'{"v":1e999}', "1e999 is not a finite number"),
+    "-1e999": (b'{"v":-1e999}', "-1e999 is not a finite number"),
+    "a 400-digit float": (
+        b'{"v":1%s.0}' % (b"0" * 400),
+        "1%s.0 is not a finite number" % ("0" * 400),
+    ),
+    "nested 65 levels": (b'{"v":%s}' % DEEP[1:-1].encode(), "nested deeper than 64 levels"),
+    "not UTF-8": (b'{"v":"\xff"}', "not UTF-8 (invalid start byte at byte 6)"),
+}
+
+
+@pytest.mark.parametrize("problem", DATA_PROBLEMS)
+@pytest.mark.parametrize("last", [True, False], ids=["last line", "before more events"])
+def test_data_that_is_not_lossless_json_is_refused_when_first_read(
+    problem: str, last: bool
+) -> None:
+    """A log's envelopes are checked as it is read, each event's data when it is first read:
+    the record is kept (it was written whole), and reading its data names what is wrong."""
+    data_bytes, message = DATA_PROBLEMS[problem]
+    data = log_bytes("s", events(*COMPLETE_TURN))
+    data += b'{"type":"plan/mode","seq":%d,"time":1,"data":%s}\n' % (len(COMPLETE_TURN), data_bytes)
+    if not last:
+        data += b'{"type":"x","seq":%d,"time":1,"data":{},"ignorable":true}\n' % (
+            len(COMPLETE_TURN) + 1
+        )
+    scan = scan_log(data, PATH)
+    assert (len(scan.events), scan.torn) == (len(COMPLETE_TURN) + 1 + (not last), b"")
+    damaged = scan.events[len(COMPLETE_TURN)]
+    assert (damaged.type, damaged.seq, damaged.time) == ("plan/mode", len(COMPLETE_TURN), 1)
+    for _ in range(2):  # the same error each time, nothing kept half-decoded
+        with pytest.raises(StoredDataError) as caught:
+            _ = damaged.data
+        assert (caught.value.event_type, caught.value.seq) == ("plan/mode", len(COMPLETE_TURN))
+        assert str(caught.value) == (
+            f"the data of the stored 'plan/mode' event (seq {len(COMPLETE_TURN)}): {message}"
+        )
+    assert [event.data for event in scan.events[: len(COMPLETE_TURN)]] == [
+        event.data for event in events(*COMPLETE_TURN)
+    ]
 
 
 def test_the_bounds_themselves_are_read() -> None:

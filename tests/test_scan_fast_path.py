@@ -12,7 +12,12 @@ from unittest import mock
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kai_session_checkpoint_policy.events import JSONObject, SessionEvent, encode_data
+from kai_session_checkpoint_policy.events import (
+    JSONObject,
+    SessionEvent,
+    StoredDataError,
+    encode_data,
+)
 from kai_session_checkpoint_policy.persistence import format as log_format
 from kai_session_checkpoint_policy.persistence.errors import PersistenceError
 from kai_session_checkpoint_policy.persistence.format import (
@@ -102,21 +107,45 @@ def logs(draw: st.DrawFn) -> bytes:
     return data
 
 
-def _scan(data: bytes) -> object:
+def _data(event: SessionEvent) -> object:
     try:
-        return log_format.scan_log(data, PATH)
+        return event.data
+    except StoredDataError as error:
+        return str(error)
+
+
+def _scan(data: bytes) -> object:
+    """What a scan finds: every event in full (its data, or why its data cannot be read)."""
+    try:
+        scan = log_format.scan_log(data, PATH)
     except PersistenceError as error:
         return type(error), str(error)
+    return scan.header, list(map(_whole, scan.events)), scan.committed_bytes, scan.torn
+
+
+def _whole(event: SessionEvent) -> tuple[object, ...]:
+    envelope = (event.surface_op, event.source_event_seqs, event.ignorable, event.surface_op_first)
+    return event.type, event.seq, event.time, envelope, _data(event)
 
 
 @given(logs(), st.sampled_from([1, 40, 1 << 16]))
 @example(encode_header(SessionHeader("s", 1)) + b"\n", 1 << 16)
-def test_the_fast_path_scans_exactly_as_line_by_line(data: bytes, chunk: int) -> None:
+def test_the_fast_paths_scan_exactly_as_line_by_line(data: bytes, chunk: int) -> None:
+    """Runs of lines decoded at once (by the compiled decoder, or else by the standard
+    library's) find what decoding one line at a time finds."""
     with mock.patch.object(log_format, "_BULK_BYTES", chunk):
         fast = _scan(data)
-    with mock.patch.object(log_format, "_decode_lines", return_value=None):
+    with (
+        mock.patch.object(log_format, "_compiled_lines", return_value=False),
+        mock.patch.object(log_format, "_BULK_BYTES", chunk),
+    ):
+        standard = _scan(data)
+    with (
+        mock.patch.object(log_format, "_compiled_lines", return_value=False),
+        mock.patch.object(log_format, "_decode_lines", return_value=None),
+    ):
         slow = _scan(data)
-    assert fast == slow
+    assert fast == standard == slow
 
 
 def test_loaded_events_share_one_copy_of_each_key_and_type() -> None:

@@ -52,7 +52,14 @@ from .persistence import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable
+    from collections.abc import (
+        AsyncGenerator,
+        AsyncIterator,
+        Callable,
+        Generator,
+        Iterable,
+        Sequence,
+    )
 
     from anyio.abc import ByteReceiveStream, Process
 
@@ -645,7 +652,7 @@ async def _show_loss(
     console: Console,
     backend: Store,
     session_id: str,
-    stored: tuple[SessionEvent, ...] | None,
+    stored: Sequence[SessionEvent] | None,
 ) -> None:
     if not stored:
         console.line(

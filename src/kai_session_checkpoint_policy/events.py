@@ -18,15 +18,30 @@ from __future__ import annotations
 import json
 import json.encoder
 import math
+import operator
+from array import array
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn, TypeAlias, TypeVar, cast
+from itertools import compress
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    NoReturn,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import msgspec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Container, Iterable, Iterator
 
 T = TypeVar("T")
 
@@ -36,10 +51,12 @@ __all__ = [
     "KNOWN_EVENT_TYPES",
     "MAX_JSON_DEPTH",
     "SURFACE_EVENT_TYPES",
+    "Deferred",
     "EventDataError",
     "JSONObject",
     "SessionEvent",
     "StoredDataError",
+    "StoredEvents",
     "SurfaceOp",
     "SurfaceReplace",
     "encode_data",
@@ -231,8 +248,15 @@ class StoredDataError(ValueError):
     """The stored data of an event, decoded only when it was first read, is not valid data.
 
     Reading a log checks every record's envelope at once, and the data of the events recovery
-    needs; the data of the others is checked when it is first read.
+    needs; the data of the others is checked when it is first read. ``event_type``, ``seq``
+    and ``problem`` name the event and what is wrong with its data.
     """
+
+    def __init__(self, event_type: str, seq: int, problem: str) -> None:
+        super().__init__(f"the data of the stored {event_type!r} event (seq {seq}): {problem}")
+        self.event_type = event_type
+        self.seq = seq
+        self.problem = problem
 
 
 class SessionEvent:
@@ -274,15 +298,28 @@ class SessionEvent:
 
     @classmethod
     def stored(
-        cls, type: str, seq: int, time: int, encoded_data: bytes | memoryview | msgspec.Raw
+        cls,
+        type: str,
+        seq: int,
+        time: int,
+        encoded_data: bytes | memoryview | msgspec.Raw,
+        surface_op: SurfaceOp | None = None,
+        source_event_seqs: tuple[int, ...] | None = None,
+        ignorable: bool = False,
+        surface_op_first: bool = False,
     ) -> SessionEvent:
         """An event read from storage, its data kept as the JSON text *encoded_data* until read.
 
-        Only for events without ``surfaceOp``, ``sourceEventSeqs`` or ``ignorable``.
+        The envelope fields are taken as they are: the reader has checked them.
         """
         event = cls.__new__(cls)
         event.type, event.seq, event.time = type, seq, time
-        event._data, event._encoded, event._envelope = _UNREAD, encoded_data, None
+        event._data, event._encoded = _UNREAD, encoded_data
+        event._envelope = (
+            None
+            if surface_op is None and source_event_seqs is None and not ignorable
+            else (surface_op, source_event_seqs, ignorable, surface_op_first)
+        )
         return event
 
     @property
@@ -303,7 +340,10 @@ class SessionEvent:
         encoded = self._encoded
         if encoded is None or isinstance(encoded, str):
             return encoded
-        return bytes(encoded).decode("utf-8", "surrogatepass")
+        try:
+            return _text(encoded)
+        except _BadData as exc:
+            _refuse_stored(self.type, self.seq, str(exc))
 
     @property
     def surface_op(self) -> SurfaceOp | None:
@@ -419,6 +459,120 @@ class SessionEvent:
         return tail + ',"ignorable":true' if self.ignorable else tail
 
 
+class Deferred(Protocol):
+    """Stored events read as one record (a packed row), made into events when first read."""
+
+    def events(self) -> Sequence[SessionEvent]:
+        """The events, in seq order."""
+        ...
+
+
+class StoredEvents(Sequence[SessionEvent]):
+    """The events of a stored log, from seq 0 on, each made an object when it is first read.
+
+    Until then a log holds, for each event, its type (one shared string per type), its time
+    (in an array of integers) and its data as the raw bytes of its record, which decoding the
+    log left undecoded; a million chunks nobody reads cost no Python object each. An event
+    read once is kept, so reading it again returns the same object.
+
+    Reading a log's events fills it (:meth:`extend`, :meth:`extend_stored`); a reader treats
+    it as read-only. It compares equal to any sequence of equal events, as a tuple does.
+    """
+
+    __slots__ = ("_items", "_times", "_types")
+
+    def __init__(self, events: Iterable[SessionEvent] = ()) -> None:
+        self._types: list[str] = []
+        self._times = array("q")
+        self._items: list[SessionEvent | msgspec.Raw | Deferred] = []
+        self.extend(events)
+
+    def extend(self, events: Iterable[SessionEvent]) -> None:
+        """Add events that follow the last one.
+
+        :raises ValueError: if their seqs do not continue from the number of events so far.
+        """
+        events = list(events)
+        first = len(self._items)
+        if [event.seq for event in events] != list(range(first, first + len(events))):
+            raise ValueError(f"stored events must continue from seq {first}, in order")
+        self._types += [event.type for event in events]
+        self._times.extend(event.time for event in events)
+        self._items += events
+
+    def extend_stored(
+        self,
+        types: Sequence[str],
+        times: Iterable[int],
+        items: Sequence[SessionEvent | msgspec.Raw | Deferred],
+    ) -> None:
+        """Add stored events that follow the last one: for each, its type, its time, and the
+        event, the raw data of an event without more envelope fields, or the one
+        :class:`Deferred` record every event it holds refers to."""
+        self._types += types
+        self._times.extend(times)
+        self._items += items
+
+    def copy(self) -> StoredEvents:
+        """A copy that can be extended on its own; events already made are shared."""
+        copy = StoredEvents()
+        copy._types, copy._times, copy._items = self._types[:], self._times[:], self._items[:]
+        return copy
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> SessionEvent: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[SessionEvent, ...]: ...
+    def __getitem__(self, index: int | slice) -> SessionEvent | tuple[SessionEvent, ...]:
+        if isinstance(index, slice):
+            return tuple(map(self._event, range(*index.indices(len(self._items)))))
+        item = self._items[index]  # an IndexError as a list raises it
+        if type(item) is SessionEvent:
+            return item
+        return self._event(index + len(self._items) if index < 0 else index)
+
+    def __iter__(self) -> Iterator[SessionEvent]:
+        return map(self._event, range(len(self._items)))
+
+    def _event(self, index: int) -> SessionEvent:
+        item = self._items[index]
+        if type(item) is SessionEvent:
+            return item
+        if type(item) is msgspec.Raw:
+            event = SessionEvent.stored(self._types[index], index, self._times[index], item)
+            self._items[index] = event
+            return event
+        events = cast("Deferred", item).events()
+        first = events[0].seq
+        self._items[first : first + len(events)] = events
+        return events[index - first]
+
+    def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
+        """The events from seq *start* on whose type is in *types*; the others stay unmade."""
+        found = compress(
+            range(start, len(self._types)), map(types.__contains__, self._types[start:])
+        )
+        return list(map(self._event, found))
+
+    def __add__(self, other: Sequence[SessionEvent]) -> StoredEvents:
+        joined = self.copy()
+        joined.extend(other)
+        return joined
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # its events are mutable
+
+    def __repr__(self) -> str:
+        return f"<StoredEvents of {len(self._items)} events>"
+
+
 def envelope_problem(
     event_type: str,
     seq: int,
@@ -511,30 +665,43 @@ def _decode_stored(
 ) -> JSONObject:
     """The data of a stored event, decoded and checked; see :class:`StoredDataError`."""
     if encoded is None:  # pragma: no cover - an event has data or its encoding
-        raise StoredDataError(f"the {event_type!r} event (seq {seq}) has no data")
+        raise StoredDataError(event_type, seq, "none stored")
     try:
         data: JSON = _fast_decoder.decode(encoded)
     except (msgspec.MsgspecError, RecursionError):
         # What the compiled codec refuses (a lone surrogate escaped, a non-finite number, data
         # too deep for this stack): the standard library's decoder, which says why.
-        text = encoded if isinstance(encoded, str) else bytes(encoded).decode("utf-8", "replace")
         try:
+            text = encoded if isinstance(encoded, str) else _text(encoded)
             try:
                 data = _strict_loads(text)
             except RecursionError:
                 data = on_fresh_stack(partial(_strict_loads, text))
         except _BadData as exc:
             _refuse_stored(event_type, seq, str(exc))
+        except RecursionError:  # too deep even for a fresh stack: far deeper than the bound
+            _refuse_stored(event_type, seq, _TOO_DEEP_STORED)
     if not isinstance(data, dict):
-        _refuse_stored(event_type, seq, "its data is not a JSON object")
+        _refuse_stored(event_type, seq, "not a JSON object")
     if _maybe_too_deep(encoded if isinstance(encoded, str) else bytes(encoded), data):
         # (bytes() of a raw slice is a copy, made only for data long enough to be measured)
-        _refuse_stored(event_type, seq, f"its data nests deeper than {MAX_JSON_DEPTH} levels")
+        _refuse_stored(event_type, seq, _TOO_DEEP_STORED)
     return data
 
 
+def _text(encoded: bytes | memoryview | msgspec.Raw) -> str:
+    """Stored UTF-8 as text; lone surrogates pass, as they do in a whole line of a log."""
+    try:
+        return bytes(encoded).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise _BadData(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+_TOO_DEEP_STORED: Final = f"nested deeper than {MAX_JSON_DEPTH} levels"
+
+
 def _refuse_stored(event_type: str, seq: int, problem: str) -> NoReturn:
-    raise StoredDataError(f"the stored {event_type!r} event (seq {seq}): {problem}")
+    raise StoredDataError(event_type, seq, problem)
 
 
 class _BadData(ValueError):
@@ -561,7 +728,7 @@ def _strict_loads(text: str) -> JSON:
     except _BadData:
         raise
     except ValueError as exc:
-        raise _BadData(f"its data is not valid JSON ({exc})") from None
+        raise _BadData(f"not valid JSON ({exc})") from None
     return value
 
 

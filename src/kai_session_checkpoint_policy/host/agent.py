@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import anyio
 
@@ -121,6 +121,7 @@ class Agent:
         self.max_steps = max_steps
         self.max_parallel_tools = max_parallel_tools
         self._announced_route = False
+        self._known = _Known()
 
     async def run_turn(self, text: str, *, signal: AbortSignal | None = None) -> TurnOutcome:
         """Run one turn for the user's *text* and return how it ended.
@@ -132,7 +133,7 @@ class Agent:
         # Tool calls may run in tasks of their own: they hear of a cancel() of this one at once.
         tool_signal = signal._following(current_asyncio_task())
         session = self.session
-        turn = 1 + sum(event.type == "turn/start" for event in session.events)
+        turn = 1 + self._known.caught_up(session).turns
         session.append("turn/start", eventdata.turn_start(turn))
         reason: JSONObject = {"kind": "error", "error": {"message": "turn did not finish"}}
         outcome_text, error = "", None
@@ -175,17 +176,19 @@ class Agent:
         self, turn: int, step: int, step_calls: _StepCalls
     ) -> tuple[str, list[ToolCall]]:
         session = self.session
+        known = self._known.caught_up(session)
         if not self._announced_route:
-            has_header = any(event.type == "request/header" for event in session.events)
             tools = self.host.tools.names()
-            header = eventdata.request_header(self.provider, self.model, tools, resumed=has_header)
+            header = eventdata.request_header(
+                self.provider, self.model, tools, resumed=known.has_header
+            )
             session.append("request/header", header)
             session.append("request/context", eventdata.request_context(self.provider, self.model))
             self._announced_route = True
         request = LlmRequest(
             self.provider,
             self.model,
-            messages=_transcript(session),
+            messages=tuple(known.caught_up(session).messages),
             tools=self.host.tools.names(),
             session_id=session.id,
         )
@@ -389,13 +392,32 @@ class _Response:
         ]
 
 
-def _transcript(session: Session) -> tuple[JSONObject, ...]:
-    """The messages a model sees: every user, assistant and tool-result message, in order."""
-    return tuple(
-        eventdata.message_of(event.type, event.data)
-        for event in session.events
-        if event.type in SURFACE_EVENT_TYPES
-    )
+_TRACKED: Final = SURFACE_EVENT_TYPES | {"turn/start", "request/header"}
+
+
+class _Known:
+    """What an agent knows of its session's log, read once: each request is derived from it
+    and the events appended since, never from the whole log again."""
+
+    __slots__ = ("has_header", "messages", "seen", "turns")
+
+    def __init__(self) -> None:
+        self.seen = 0  # events read so far
+        self.turns = 0
+        self.has_header = False
+        self.messages: list[JSONObject] = []  # what a model sees: the transcript
+
+    def caught_up(self, session: Session) -> _Known:
+        events = session.events
+        for event in events.select(_TRACKED, self.seen):
+            if event.type == "turn/start":
+                self.turns += 1
+            elif event.type == "request/header":
+                self.has_header = True
+            else:  # every user, assistant and tool-result message, in order
+                self.messages.append(eventdata.message_of(event.type, event.data))
+        self.seen = len(events)
+        return self
 
 
 def _parse_arguments(raw: str) -> JSON:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import time
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Protocol, overload
 
 import anyio
 
@@ -14,12 +17,13 @@ from ..events import (
     KNOWN_EVENT_TYPES,
     SURFACE_EVENT_TYPES,
     SessionEvent,
+    StoredEvents,
     encode_data,
     envelope_problem,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Container, Iterable, Iterator
 
     from ..contract import SessionPersistenceLike
     from ..events import SurfaceOp
@@ -30,6 +34,7 @@ __all__ = [
     "HostStateError",
     "Session",
     "SessionError",
+    "SessionEvents",
     "SessionNotLiveError",
     "SessionStore",
     "epoch_ms",
@@ -67,6 +72,72 @@ class _StoreHost(Protocol):
     def session_persistence(self) -> SessionPersistenceLike | None: ...
 
 
+class SessionEvents(Sequence[SessionEvent]):
+    """A snapshot of a session's log: it does not change as the session goes on.
+
+    It holds the events the session started with (a loaded log's, made into objects only as
+    they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`) and those
+    appended since, up to when it was taken; taking one copies nothing. It compares equal to
+    any sequence of equal events, as a tuple does.
+    """
+
+    __slots__ = ("_appended", "_count", "_stored")
+
+    def __init__(
+        self, stored: Sequence[SessionEvent], appended: list[SessionEvent], count: int
+    ) -> None:
+        self._stored, self._appended, self._count = stored, appended, count
+
+    def __len__(self) -> int:
+        return len(self._stored) + self._count
+
+    @overload
+    def __getitem__(self, index: int) -> SessionEvent: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[SessionEvent, ...]: ...
+    def __getitem__(self, index: int | slice) -> SessionEvent | tuple[SessionEvent, ...]:
+        stored = len(self._stored)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return tuple(self[i] for i in range(start, stop, step))
+            head = tuple(self._stored[start:stop]) if start < stored else ()
+            tail = self._appended[max(start - stored, 0) : max(stop - stored, 0)]
+            return (*head, *tail)
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError("session event index out of range")
+        if position < stored:
+            return self._stored[position]
+        return self._appended[position - stored]
+
+    def __iter__(self) -> Iterator[SessionEvent]:
+        return chain(self._stored, islice(self._appended, self._count))
+
+    def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
+        """The events from seq *start* on whose type is in *types*.
+
+        Of a loaded log, only the events selected are made into objects.
+        """
+        stored = self._stored
+        if isinstance(stored, StoredEvents):
+            found = stored.select(types, start) if start < len(stored) else []
+        else:
+            found = [event for event in stored[start:] if event.type in types]
+        appended = islice(self._appended, max(start - len(stored), 0), self._count)
+        return found + [event for event in appended if event.type in types]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # its events are mutable
+
+    def __repr__(self) -> str:
+        return f"<SessionEvents of {len(self)} events>"
+
+
 class Session:
     """An append-only event log whose ``seq`` always equals its length.
 
@@ -74,7 +145,7 @@ class Session:
     host's plugins through the ``session_event`` hook. A session built directly is detached.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_log", "_on_append", "id")
+    __slots__ = ("__weakref__", "_appended", "_clock", "_on_append", "_stored", "id")
 
     def __init__(
         self,
@@ -86,28 +157,34 @@ class Session:
     ) -> None:
         _require_name("a session id", session_id)
         self.id = session_id
-        self._log = list(events)
-        for index, event in enumerate(self._log):
-            if event.seq != index:
-                raise SessionError(
-                    f"session {session_id!r}: events must be contiguous from seq 0, "
-                    f"but event {index} has seq {event.seq}"
-                )
+        # A loaded log's events are kept as they are (they are contiguous from seq 0).
+        self._stored: Sequence[SessionEvent]
+        if isinstance(events, StoredEvents):
+            self._stored = events
+        else:
+            self._stored = tuple(events)
+            for index, event in enumerate(self._stored):
+                if event.seq != index:
+                    raise SessionError(
+                        f"session {session_id!r}: events must be contiguous from seq 0, "
+                        f"but event {index} has seq {event.seq}"
+                    )
+        self._appended: list[SessionEvent] = []
         self._clock = clock
         self._on_append = on_append
 
     def __repr__(self) -> str:
-        return f"<Session {self.id!r} seq={len(self._log)}>"
+        return f"<Session {self.id!r} seq={self.seq}>"
 
     @property
     def seq(self) -> int:
         """The seq the next event will get: the number of events in the log."""
-        return len(self._log)
+        return len(self._stored) + len(self._appended)
 
     @property
-    def events(self) -> Sequence[SessionEvent]:
+    def events(self) -> SessionEvents:
         """A snapshot of the log."""
-        return tuple(self._log)
+        return SessionEvents(self._stored, self._appended, len(self._appended))
 
     def append(
         self,
@@ -134,7 +211,7 @@ class Session:
             surface fields do not fit the event; nothing is appended.
         """
         _require_name("an event type", event_type)
-        seq = len(self._log)
+        seq = self.seq
         if (
             surface_op is None
             and source_event_seqs is None
@@ -162,7 +239,7 @@ class Session:
             event = SessionEvent(
                 event_type, seq, self._clock(), copy, encoded, surface_op, sources, ignorable
             )
-        self._log.append(event)
+        self._appended.append(event)
         if self._on_append is not None:
             self._on_append(self, event)
         return event
@@ -201,7 +278,7 @@ class SessionStore:
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
         persistence = self._host.session_persistence
-        events = tuple(seed)
+        events = seed if isinstance(seed, StoredEvents) else tuple(seed)
         if not events and persistence is not None and persistence.session_exists(session_id):
             raise SessionExistsError(
                 f"session {session_id!r} already has a log in {persistence.name}: continue it "

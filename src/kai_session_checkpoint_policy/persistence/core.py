@@ -74,7 +74,7 @@ class StoredLog:
     """
 
     header: SessionHeader
-    events: tuple[SessionEvent, ...]
+    events: Sequence[SessionEvent]
     repair: tuple[SessionEvent, ...]
     torn_bytes: int
     location: str

@@ -38,9 +38,9 @@ class CorruptLogError(PersistenceError):
     """A log is damaged inside its committed region; nothing was changed.
 
     ``line`` is the damaged line (of the decompressed text, in a compressed log), or ``None``
-    when the damage is a frame of a compressed log, which starts at ``byte``. ``seq`` is the
-    seq of the first event that could not be read (the events before it are intact), when
-    known.
+    when the damage is a frame of a compressed log, which starts at ``byte``, or the data of
+    an event recovery had to read (decoded only then), with ``seq``. ``seq`` is the seq of the
+    first event that could not be read (the events before it are intact), when known.
     """
 
     def __init__(
@@ -52,7 +52,13 @@ class CorruptLogError(PersistenceError):
         seq: int | None = None,
         byte: int | None = None,
     ) -> None:
-        where = f"line {line}" if line is not None else f"byte {byte}"
+        where = (
+            f"line {line}"
+            if line is not None
+            else f"byte {byte}"
+            if byte is not None
+            else f"seq {seq}"
+        )
         super().__init__(f"corrupt session log {path}, {where}: {problem}")
         self.path = path
         self.line = line

@@ -48,9 +48,12 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
-from itertools import groupby, pairwise
-from operator import itemgetter
-from typing import TYPE_CHECKING, Final, Literal, NoReturn, TypeAlias, cast
+from itertools import accumulate, groupby, pairwise
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, Annotated, Final, Literal, NoReturn, TypeAlias, cast
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from ..events import (
     JSON,
@@ -59,6 +62,7 @@ from ..events import (
     SURFACE_EVENT_TYPES,
     JSONObject,
     SessionEvent,
+    StoredEvents,
     SurfaceOp,
     SurfaceReplace,
     envelope_problem,
@@ -73,8 +77,10 @@ else:
     from backports import zstd
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from pathlib import Path
+
+    from ..events import Deferred
 
 __all__ = [
     "COMPRESSIONS",
@@ -193,7 +199,7 @@ class Scan:
     """
 
     header: SessionHeader
-    events: tuple[SessionEvent, ...]
+    events: StoredEvents
     committed_bytes: int
     torn: bytes
     salvaged: int = 0
@@ -716,23 +722,46 @@ def _row(record: JSONObject, seq: int) -> list[SessionEvent]:
     call_id, name = data.get("id"), data.get("name")
     if calls and not (isinstance(call_id, str) and (name is None or isinstance(name, str))):
         malformed("its call id or tool name is not a string")
-    times = [time0]
-    for gap in dt:
-        if type(gap) is not int:
-            malformed("dt holds a value that is not an integer")
-        times.append(times[-1] + gap)
-        if not 0 <= times[-1] <= MAX_TIME:
-            malformed(f"a member's time is not {_TIME_RANGE}")
+    if not all(type(gap) is int for gap in dt):
+        malformed("dt holds a value that is not an integer")
+    times = _member_times(time0, cast("list[int]", dt))
+    if times is None:
+        malformed(f"a member's time is not {_TIME_RANGE}")
+    head = (kind, index, cast("str", call_id), name, "name" in data) if calls else (kind, index)
+    return _members(seq, times, turn, step, head, cast("list[str]", pieces))
+
+
+def _member_times(time0: int, dt: list[int]) -> list[int] | None:
+    """The times of a row's members, from the first and the steps; ``None`` if one is out of
+    range."""
+    times = list(accumulate(dt, initial=time0))
+    return times if min(times) >= 0 and max(times) <= MAX_TIME else None
+
+
+def _members(
+    seq: int,
+    times: list[int],
+    turn: JSON,
+    step: JSON,
+    head: tuple[str, JSON] | tuple[str, JSON, str, JSON, bool],
+    pieces: list[str],
+) -> list[SessionEvent]:
+    """The ``assistant/chunk`` events of a row: one per piece, from *seq* on.
+
+    *head* is the chunk type and block index of a text or reasoning row; a tool-call row's
+    also has the call id, the tool name, and whether the row names it.
+    """
     events = []
     for offset, (piece, time) in enumerate(zip(pieces, times, strict=True)):
         chunk: JSONObject
-        if calls:
+        if len(head) == 5:
+            kind, index, call_id, name, named = head
             chunk = {"type": kind, "index": index, "id": call_id}
-            if "name" in data:
+            if named:
                 chunk["name"] = name
             chunk["argumentsDelta"] = piece
         else:
-            chunk = {"type": kind, "index": index, "text": piece}
+            chunk = {"type": head[0], "index": head[1], "text": piece}
         chunk_data: JSONObject = {"turn": turn, "step": step, "chunk": chunk}
         events.append(SessionEvent("assistant/chunk", seq + offset, time, chunk_data))
     return events
@@ -751,13 +780,18 @@ def decode_event(record: str, seq: int) -> SessionEvent:
     This is the whole check a record passes wherever it is stored: a JSON object with the
     envelope's keys (``type``, ``seq``, ``time``, ``data``, and where set ``sourceEventSeqs``,
     ``surfaceOp``, ``ignorable``), a known type unless marked ignorable, the seq expected, a
-    time from 0 to :data:`MAX_TIME`, finite numbers, data nested at most
-    :data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels. How deep the caller's
-    stack is does not matter.
+    time from 0 to :data:`MAX_TIME`; its data is checked when first read
+    (:attr:`SessionEvent.data <kai_session_checkpoint_policy.events.SessionEvent.data>`).
+    How deep the caller's stack is does not matter.
 
     :raises RecordError: naming what is wrong (``unsupported`` for an unknown type).
     """
     line = record.encode("utf-8", "surrogatepass")
+    columns = _compiled_line(line, seq)
+    if columns is not None and not isinstance(item := columns[2][0], _Row):
+        if isinstance(item, SessionEvent):
+            return item
+        return SessionEvent.stored(columns[0][0], seq, columns[1][0], cast("msgspec.Raw", item))
     try:
         return _decode_one(line, seq, fresh_stack=False)
     except RecursionError:
@@ -769,6 +803,265 @@ def _decode_one(line: bytes, seq: int, *, fresh_stack: bool) -> SessionEvent:
     if record.get("type") in _ROW_TAGS:
         raise RecordError("a packed row of several events, not one event", complete=True)
     return _event(record, seq, False)
+
+
+# -- reading with the compiled decoder ----------------------------------------------------------
+#
+# Most lines are read by msgspec into structs whose data stays raw (undecoded) bytes: the
+# envelope of every event is checked at once, its data when it is first read (see
+# SessionEvent.data). A line the compiled decoder cannot read as an event expected next is read
+# by the standard library's decoder, which checks everything and names what is wrong.
+
+if TYPE_CHECKING:
+    _KnownType: TypeAlias = str
+else:
+    _KnownType = Literal[tuple(sorted(KNOWN_EVENT_TYPES))]
+_Time: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=MAX_TIME)]
+_Number: TypeAlias = int | float
+_Pieces: TypeAlias = Annotated[list[str], msgspec.Meta(min_length=1)]
+
+
+class _Plain(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """An event of a known type with the four envelope keys alone."""
+
+    type: _KnownType
+    seq: int
+    time: _Time
+    data: msgspec.Raw
+
+
+class _Record(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """Any record: an event with any of the envelope keys, or a packed row."""
+
+    type: str
+    data: msgspec.Raw
+    seq: int | UnsetType = UNSET
+    time: _Time | UnsetType = UNSET
+    seq0: int | UnsetType = UNSET
+    time0: _Time | UnsetType = UNSET
+    surfaceOp: msgspec.Raw | UnsetType = UNSET
+    sourceEventSeqs: list[int] | UnsetType = UNSET
+    ignorable: bool | UnsetType = UNSET
+
+
+class _TextRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    turn: _Number
+    step: _Number
+    index: _Number
+    dt: list[int]
+    texts: _Pieces
+
+
+class _CallRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    turn: _Number
+    step: _Number
+    index: _Number
+    dt: list[int]
+    id: str
+    args: _Pieces
+    name: str | UnsetType = UNSET
+
+
+_plain_lines: Final = msgspec.json.Decoder(_Plain).decode_lines
+_record_lines: Final = msgspec.json.Decoder(_Record).decode_lines
+_decode_record: Final = msgspec.json.Decoder(_Record).decode
+_decode_text_row: Final = msgspec.json.Decoder(_TextRow).decode
+_decode_call_row: Final = msgspec.json.Decoder(_CallRow).decode
+_decode_value: Final = msgspec.json.Decoder().decode
+_REFUSED: Final = (msgspec.MsgspecError, RecursionError)
+"""What the compiled decoder raises for a line it does not read (it has a depth limit)."""
+_seq_of: Final = attrgetter("seq")
+_type_of: Final = attrgetter("type")
+_time_of: Final = attrgetter("time")
+_data_of: Final = attrgetter("data")
+
+_Item: TypeAlias = "SessionEvent | msgspec.Raw | Deferred"
+_Columns: TypeAlias = "tuple[list[str], list[int], list[_Item]]"
+"""Decoded events as :meth:`StoredEvents.extend_stored` takes them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A packed row checked while reading, its members made when one is first read."""
+
+    seq: int
+    times: list[int]
+    row: _TextRow | _CallRow
+    kind: str
+
+    def events(self) -> list[SessionEvent]:
+        row = self.row
+        if isinstance(row, _CallRow):
+            name = None if isinstance(row.name, UnsetType) else row.name
+            head: tuple[str, JSON] | tuple[str, JSON, str, JSON, bool] = (
+                self.kind,
+                row.index,
+                row.id,
+                name,
+                name is not None,
+            )
+            pieces = row.args
+        else:
+            head, pieces = (self.kind, row.index), row.texts
+        return _members(self.seq, self.times, row.turn, row.step, head, pieces)
+
+
+def _compiled_lines(events: StoredEvents, data: bytes, start: int, end: int) -> bool:
+    """Add the events of the complete lines ``data[start:end]``, if the compiled decoder reads
+    every one as the event expected next; else add nothing and return ``False``.
+
+    The decoder reads a run of JSON values whatever lines they are on; each line holds exactly
+    one only if the values are as many as the lines and every newline but the last separates
+    ``}`` from ``{`` (which no JSON value can hold: a string holds no newline, and no value
+    follows a ``}`` without a comma).
+    """
+    lines = data.count(b"\n", start, end)
+    if not (
+        data.startswith(b"{", start)
+        and data.endswith(b"}\n", start, end)
+        and data.count(b"}\n{", start, end) == lines - 1
+    ):
+        return False
+    view = memoryview(data)[start:end]
+    seq = len(events)
+    try:
+        plain = _plain_lines(view)
+    except msgspec.ValidationError:  # not all plain events of known types: record by record
+        try:
+            columns = _columns(_record_lines(view), seq, _Lines(data, start, end))
+        except _REFUSED:
+            return False
+        if columns is None or len(columns[2]) != lines:
+            return False
+        events.extend_stored(*columns)
+        return True
+    except _REFUSED:
+        return False
+    if len(plain) != lines or list(map(_seq_of, plain)) != list(range(seq, seq + lines)):
+        return False
+    events.extend_stored(
+        list(map(_type_of, plain)), map(_time_of, plain), list(map(_data_of, plain))
+    )
+    return True
+
+
+class _Lines:
+    """The lines of ``data[start:end]`` by their index from 0, split when one is first asked."""
+
+    __slots__ = ("_data", "_end", "_lines", "_start")
+
+    def __init__(self, data: bytes, start: int, end: int) -> None:
+        self._data, self._start, self._end = data, start, end
+        self._lines: list[bytes] | None = None
+
+    def __call__(self, number: int) -> bytes:
+        if self._lines is None:
+            self._lines = self._data[self._start : self._end].split(b"\n")
+        return self._lines[number]
+
+
+def _compiled_line(line: bytes, seq: int) -> _Columns | None:
+    """The events of one line, if the compiled decoder reads it as the events expected."""
+    try:
+        record = _decode_record(line)
+    except _REFUSED:
+        return None
+    return _columns([record], seq, lambda number: line)
+
+
+def _columns(
+    records: list[_Record], first: int, line_of: Callable[[int], bytes]
+) -> _Columns | None:
+    """The events of *records*, from seq *first* on, if all are the events expected.
+
+    ``None`` if one is not: the standard library's decoder then says why. *line_of* gives the
+    text of a record by its index; it is read only to tell the order of ``surfaceOp`` and
+    ``sourceEventSeqs`` in a record that has both.
+    """
+    types: list[str] = []
+    times: list[int] = []
+    items: list[_Item] = []
+    for number, record in enumerate(records):
+        seq = first + len(items)
+        kind = _ROW_TAGS.get(record.type)
+        if kind is not None:
+            row = _compiled_row(record, seq, kind)
+            if row is None:
+                return None
+            types += ["assistant/chunk"] * len(row.times)
+            times += row.times
+            items += [row] * len(row.times)
+            continue
+        if record.seq != seq or record.time is UNSET or record.seq0 is not UNSET:
+            return None
+        if record.time0 is not UNSET:
+            return None
+        event_type = _EVENT_TYPES.get(record.type)
+        ignorable = record.ignorable
+        if ignorable is False or (event_type is None and ignorable is not True):
+            return None  # refused, or unknown to this release (and not ignorable)
+        event_type = event_type or record.type
+        if not event_type:
+            return None
+        op, sources = record.surfaceOp, record.sourceEventSeqs
+        if op is UNSET and sources is UNSET and ignorable is UNSET:
+            items.append(record.data)
+        else:
+            surface_op = None
+            if op is not UNSET:
+                try:
+                    surface_op = _surface_op(_decode_value(op))
+                except (*_REFUSED, RecordError):
+                    return None
+            listed = None if sources is UNSET else tuple(sources)
+            if envelope_problem(event_type, seq, surface_op, listed) is not None:
+                return None
+            op_first = False
+            if surface_op is not None and listed is not None:
+                line = line_of(number)
+                op_first = line.rfind(b'"surfaceOp":') < line.rfind(b'"sourceEventSeqs":')
+            items.append(
+                SessionEvent.stored(
+                    event_type,
+                    seq,
+                    record.time,
+                    record.data,
+                    surface_op,
+                    listed,
+                    ignorable is True,
+                    op_first,
+                )
+            )
+        types.append(event_type)
+        times.append(record.time)
+    return types, times, items
+
+
+def _compiled_row(record: _Record, seq: int, kind: str) -> _Row | None:
+    """The row *record* holds, if it is a packed row that starts at *seq*."""
+    if (
+        record.seq0 != seq
+        or record.time0 is UNSET
+        or record.seq is not UNSET
+        or record.time is not UNSET
+        or record.surfaceOp is not UNSET
+        or record.sourceEventSeqs is not UNSET
+        or record.ignorable is not UNSET
+    ):
+        return None
+    try:
+        row: _TextRow | _CallRow = (
+            _decode_call_row(record.data)
+            if kind == "tool-call-delta"
+            else _decode_text_row(record.data)
+        )
+    except _REFUSED:
+        return None
+    pieces = row.args if isinstance(row, _CallRow) else row.texts
+    if len(row.dt) != len(pieces) - 1:
+        return None
+    times = _member_times(record.time0, row.dt)
+    return None if times is None else _Row(seq, times, row, kind)
 
 
 # -- reading a log ------------------------------------------------------------------------------
@@ -910,26 +1203,35 @@ class _Reader:
     path: Path
     header: SessionHeader
     fresh_stack: bool
-    events: list[SessionEvent]
+    events: StoredEvents
 
     def bulk(self, data: bytes, offset: int) -> int:
-        """Decode complete lines from *offset* on with the fast path; return where it stopped."""
+        """Decode complete lines from *offset* on with the fast paths; return where they
+        stopped (at the first run of lines that is not all the events expected)."""
         earlier = self.header.earlier_format
+        events = self.events
         with _collector_paused():
             while (stop := data.rfind(b"\n", offset, offset + _BULK_BYTES)) >= 0 or (
                 stop := data.find(b"\n", offset)
             ) >= 0:
-                lines = _decode_lines(data, offset, stop + 1, len(self.events), earlier)
-                if lines is None:
-                    break
-                self.events += lines
+                if earlier or not _compiled_lines(events, data, offset, stop + 1):
+                    lines = _decode_lines(data, offset, stop + 1, len(events), earlier)
+                    if lines is None:
+                        break
+                    events.extend(lines)
                 offset = stop + 1
         return offset
 
-    def line(self, line: bytes) -> list[SessionEvent]:
+    def line(self, line: bytes) -> _Columns:
         """The events of one line, the next ones expected; else :class:`RecordError`."""
-        record = _parse(line, fresh_stack=self.fresh_stack)
-        return _record_events(record, len(self.events), self.header.earlier_format)
+        seq, earlier = len(self.events), self.header.earlier_format
+        if not earlier and (columns := _compiled_line(line, seq)) is not None:
+            return columns
+        events = _record_events(_parse(line, fresh_stack=self.fresh_stack), seq, earlier)
+        return [event.type for event in events], [event.time for event in events], [*events]
+
+    def add(self, columns: _Columns) -> None:
+        self.events.extend_stored(*columns)
 
     def refuse(self, line_number: int, error: RecordError) -> NoReturn:
         if error.unsupported:
@@ -946,7 +1248,7 @@ def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
     header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
-    reader = _Reader(path, header, fresh_stack, [])
+    reader = _Reader(path, header, fresh_stack, StoredEvents())
     offset = committed = reader.bulk(data, end + 1)
     line_number = 2 + data.count(b"\n", end + 1, offset)
     damage: tuple[int, RecordError, int] | None = None  # the first damaged line, and its seq
@@ -964,11 +1266,11 @@ def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
         else:
             if damage is not None:
                 break
-            reader.events += decoded
+            reader.add(decoded)
             committed = offset
         line_number += 1
     else:
-        return Scan(header, tuple(reader.events), committed, data[committed:])
+        return Scan(header, reader.events, committed, data[committed:])
     assert damage is not None
     first, problem, seq = damage
     raise CorruptLogError(
@@ -1090,7 +1392,7 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
                 break
             parts.append(plaintext)
         text = b"".join(parts)
-    reader = _Reader(path, header, fresh_stack, [])
+    reader = _Reader(path, header, fresh_stack, StoredEvents())
     _read_frames(reader, text)
     salvaged = 0
     if offset < len(data):
@@ -1106,7 +1408,7 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
             )
         if torn_frame:
             salvaged = _read_salvage(reader, _salvage(data[offset:]))
-    return Scan(header, tuple(reader.events), offset, data[offset:], salvaged)
+    return Scan(header, reader.events, offset, data[offset:], salvaged)
 
 
 def _read_frames(reader: _Reader, text: bytes) -> None:
@@ -1115,7 +1417,7 @@ def _read_frames(reader: _Reader, text: bytes) -> None:
     line_number = 2 + text.count(b"\n", 0, offset)
     while (end := text.find(b"\n", offset)) >= 0:
         try:
-            reader.events += reader.line(text[offset:end])
+            reader.add(reader.line(text[offset:end]))
         except RecordError as error:
             reader.refuse(line_number, error)
         offset, line_number = end + 1, line_number + 1
@@ -1133,7 +1435,7 @@ def _read_salvage(reader: _Reader, text: bytes) -> int:
     count, offset = len(reader.events), 0
     while (end := text.find(b"\n", offset)) >= 0:
         try:
-            reader.events += reader.line(text[offset:end])
+            reader.add(reader.line(text[offset:end]))
         except RecordError:
             break
         offset = end + 1
@@ -1161,11 +1463,11 @@ def salvage(scan: Scan, torn: bytes, path: Path) -> Scan:
     """
     if _frame_end(torn, 0) is not None:  # whole, or not a frame: nothing to salvage
         return scan
-    reader = _Reader(path, scan.header, True, list(scan.events))
+    reader = _Reader(path, scan.header, True, scan.events.copy())
     text = _salvage(torn)
     try:
         count = _read_salvage(reader, text)
     except RecursionError:
-        reader.events = list(scan.events)
+        reader.events = scan.events.copy()
         count = on_fresh_stack(partial(_read_salvage, reader, text))
-    return replace(scan, events=tuple(reader.events), salvaged=scan.salvaged + count)
+    return replace(scan, events=reader.events, salvaged=scan.salvaged + count)

@@ -23,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import resource
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from os import scandir as os_scandir
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
@@ -35,6 +37,7 @@ import anyio.to_thread
 
 from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind, Writer
 from .errors import (
+    CorruptLogError,
     InvalidSessionIdError,
     PersistenceError,
     RollbackError,
@@ -61,7 +64,7 @@ from .format import (
     salvage,
     scan_log,
 )
-from .repair import interrupted_turn_closers
+from .repair import repair_of
 from .workers import loop_is_idle
 
 if TYPE_CHECKING:
@@ -160,6 +163,14 @@ class _Log:
         return _compression_of(self.path)
 
 
+_RECOVERED_KEPT: Final = 1024
+"""Of how many recovered sessions the size and count are kept until their first write."""
+
+
+def _corrupt_data(path: Path, seq: int, problem: str) -> CorruptLogError:
+    return CorruptLogError(path, None, problem, seq=seq)
+
+
 def _compression_of(path: Path) -> Compression:
     return "zstd" if path.name == ZSTD_LOG_NAME else "none"
 
@@ -237,6 +248,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.pack_chunks: Final = pack_chunks
         self.files: Final = files if files is not None else OsFiles()
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
+        # What this backend's last recoveries left (path, size, count), for their first write.
+        self._recovered: OrderedDict[str, tuple[Path, int, int]] = OrderedDict()
+        self._recovered_lock = threading.Lock()  # recoveries run in worker threads
 
     def __repr__(self) -> str:
         return f"<JsonlSessionPersistence root={str(self.root)!r}>"
@@ -466,7 +480,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.files.makedirs(path.parent)
         log = _Log(path, self._lock(session_id, path.parent))
         try:
-            if found is not None:
+            if found is not None and not self._adopt(log, session_id):
                 self._verify(log, session_id)
             elif (other := self._find(session_id)) is not None and other.path != path:
                 raise PersistenceError(  # another writer created it meanwhile, elsewhere
@@ -526,6 +540,29 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             self.files.close(fd)
             raise
         log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
+
+    def _remember(self, session_id: str, path: Path, size: int, count: int) -> None:
+        """Keep what a recovery left of a log, so that its first write need not read it again."""
+        with self._recovered_lock:
+            self._recovered[session_id] = (path, size, count)
+            self._recovered.move_to_end(session_id)
+            while len(self._recovered) > _RECOVERED_KEPT:
+                self._recovered.popitem(last=False)
+
+    def _adopt(self, log: _Log, session_id: str) -> bool:
+        """Open a log this backend recovered, if it is as the recovery left it: its size and
+        count are known, and it ends cleanly. ``False`` if it must be read (:meth:`_verify`)."""
+        with self._recovered_lock:
+            recovered = self._recovered.pop(session_id, None)
+        if recovered is None or recovered[0] != log.path:
+            return False
+        _, size, count = recovered
+        fd = self.files.open_append(log.path)
+        if self.files.size(fd) != size:  # another process wrote it since
+            self.files.close(fd)
+            return False
+        log.fd, log.size, log.count = fd, size, count
+        return True
 
     def _release(self, log: _Log) -> None:
         """Close the log's files; what is known of the log stays, for :meth:`_reopen`."""
@@ -619,10 +656,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             # reading the log again.
             scan, repair = self._read_log(path, session_id)
             if not (scan.torn or repair or scan.salvaged):
+                self._remember(session_id, path, scan.committed_bytes, len(scan.events))
                 return StoredLog(scan.header, scan.events, (), 0, str(path))
         log = _Log(path, self._lock(session_id, directory))
         try:
             scan, repair = self._read_log(path, session_id)
+            log.size = scan.committed_bytes
             if scan.torn:
                 self._keep_torn(path, scan.committed_bytes, scan.torn)
             salvaged = scan.events[len(scan.events) - scan.salvaged :] if scan.salvaged else ()
@@ -630,12 +669,13 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 fd = log.fd = self.files.open_append(path)
                 self.files.truncate(fd, scan.committed_bytes)
                 self.files.fsync(fd)  # the cut is durable before anything follows it
-                log.size = scan.committed_bytes
                 if repair or salvaged:
                     self._append_bytes(log, fd, self._encode(salvaged + repair, log.compression))
             if _exists(leftover):  # a conversion was interrupted after its new log was written
                 self._retire_earlier(session_id, leftover)
-            return StoredLog(scan.header, scan.events + repair, repair, len(scan.torn), str(path))
+            events = scan.events + repair
+            self._remember(session_id, path, log.size, len(events))
+            return StoredLog(scan.header, events, repair, len(scan.torn), str(path))
         finally:
             self._release(log)
 
@@ -663,6 +703,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 )
                 self.files.publish(path, data)
                 self._retire_earlier(session_id, earlier)
+                self._remember(session_id, path, len(data), len(events))
             finally:
                 self._release(log)
             return StoredLog(header, events, repair, len(scan.torn), str(path))
@@ -690,7 +731,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         tail_cut = bool(scan.torn) or _exists(kept)
         if not scan.torn and tail_cut and path.name == ZSTD_LOG_NAME:
             scan = salvage(scan, self.files.read(kept), path)
-        return scan, interrupted_turn_closers(scan.events, tail_cut=tail_cut)
+        return scan, repair_of(scan.events, partial(_corrupt_data, path), tail_cut=tail_cut)
 
     def _keep_torn(self, path: Path, offset: int, torn: bytes) -> None:
         """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""

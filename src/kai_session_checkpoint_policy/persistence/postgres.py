@@ -51,6 +51,7 @@ import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from ..events import StoredEvents
 from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind
 from .errors import (
     CorruptLogError,
@@ -59,10 +60,17 @@ from .errors import (
     SeqMismatchError,
     UnsupportedFormatError,
 )
-from .format import RecordError, _collector_paused, _decode_lines, decode_event, encode_session_id
+from .format import (
+    RecordError,
+    _collector_paused,
+    _compiled_lines,
+    _decode_lines,
+    decode_event,
+    encode_session_id,
+)
 from .jsonl import SessionListing
 from .postgres_store import DEFAULT_SCHEMA, Batch, PostgresSessionStore, _seconds
-from .repair import interrupted_turn_closers
+from .repair import repair_of
 from .workers import run_in_worker
 
 if TYPE_CHECKING:
@@ -207,23 +215,26 @@ _DECODED_AT_ONCE: Final = 4096
 """How many stored lines are decoded in one call of the format's decoder of runs of lines."""
 
 
-def _decode_records(records: Iterable[str], location: str) -> tuple[SessionEvent, ...]:
+def _decode_records(records: Iterable[str], location: str) -> StoredEvents:
     """Decode stored log lines as the JSONL backend decodes its lines, seqs from 0.
 
-    Runs of lines are decoded at once, as a log file's are (which shares one copy of each key
-    among their events); a run that is not all intact events is decoded a line at a time,
-    which names the first that is not the event expected next.
+    Runs of lines are decoded at once, as a log file's are; a run that is not all intact
+    events is decoded a line at a time, which names the first that is not the event expected
+    next.
 
     :raises CorruptRecordError: naming that line's seq.
     """
-    events: list[SessionEvent] = []
+    events = StoredEvents()
     lines = iter(records)
     with _collector_paused():  # as when reading a log file: a million events, few collections
         while run := list(islice(lines, _DECODED_AT_ONCE)):
             data = ("\n".join(run) + "\n").encode("utf-8", "surrogatepass")
-            decoded = _decode_lines(data, 0, len(data), len(events), False)
-            events += decoded if decoded is not None else _decode_each(run, len(events), location)
-    return tuple(events)
+            if not _compiled_lines(events, data, 0, len(data)):
+                decoded = _decode_lines(data, 0, len(data), len(events), False)
+                events.extend(
+                    decoded if decoded is not None else _decode_each(run, len(events), location)
+                )
+    return events
 
 
 def _decode_each(run: list[str], first: int, location: str) -> list[SessionEvent]:
@@ -519,7 +530,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
     def _inspect(self, session_id: str) -> StoredLog:
         encode_session_id(session_id)
         header, events = self._read(self.store, session_id)
-        repair = interrupted_turn_closers(events)
+        repair = self._repair(session_id, events)
         return StoredLog(header, events, repair, 0, self._location_of(session_id))
 
     def _recover(self, session_id: str) -> StoredLog:
@@ -528,7 +539,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         lease = store.acquire(session_id, self.owner, self.lease_ttl)
         try:
             header, events = self._read(store, session_id)
-            repair = interrupted_turn_closers(events)  # a database has no torn tail to cut
+            repair = self._repair(session_id, events)  # a database has no torn tail to cut
             if repair:
                 store.append(lease, len(events), repair)
             return StoredLog(header, events + repair, repair, 0, self._location_of(session_id))
@@ -536,14 +547,17 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             with contextlib.suppress(PersistenceError):  # it expires by itself
                 store.release(lease)
 
+    def _repair(self, session_id: str, events: Sequence[SessionEvent]) -> tuple[SessionEvent, ...]:
+        return repair_of(events, partial(CorruptRecordError, self._location_of(session_id)))
+
     def _read(
         self, store: PostgresSessionStore, session_id: str
-    ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+    ) -> tuple[SessionHeader, StoredEvents]:
         location = self._location_of(session_id)
 
         def decode(
             header: SessionHeader, records: Iterator[str]
-        ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        ) -> tuple[SessionHeader, StoredEvents]:
             return header, _decode_records(records, location)
 
         return store.read_with(session_id, decode)

@@ -23,13 +23,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from .. import eventdata
-from ..events import JSONObject, SessionEvent, encode_data
+from ..events import JSONObject, SessionEvent, StoredDataError, encode_data
 from ..results import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, not_started, outcome_unknown
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
-__all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers"]
+__all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers", "repair_of"]
 
 _OUTCOME_UNKNOWN: Final = outcome_unknown()
 _NOT_STARTED: Final = not_started()
@@ -88,6 +88,24 @@ def interrupted_turn_closers(
     reason: JSONObject = {"kind": "interrupted"}
     closers.append(_closer("turn/end", seq, time, eventdata.turn_end(turn, reason)))
     return tuple(closers)
+
+
+def repair_of(
+    events: Sequence[SessionEvent],
+    corrupt: Callable[[int, str], Exception],
+    *,
+    tail_cut: bool = False,
+) -> tuple[SessionEvent, ...]:
+    """:func:`interrupted_turn_closers`, for a backend reading a stored log.
+
+    The data of the open turn's events is decoded now, for the first time: if one's is not
+    valid, the backend's *corrupt* error (given the event's seq and what is wrong) is raised.
+    """
+    try:
+        return interrupted_turn_closers(events, tail_cut=tail_cut)
+    except StoredDataError as exc:
+        problem = f"the data of the {exc.event_type!r} event: {exc.problem}"
+        raise corrupt(exc.seq, problem) from None
 
 
 def _closer(

@@ -1,0 +1,150 @@
+"""A long session is read once per load, and holds as objects only the events someone reads."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+import pytest
+
+from kai_session_checkpoint_policy import (
+    Agent,
+    Host,
+    JsonlSessionPersistence,
+    SeqMismatchError,
+    SessionEvent,
+    TextDelta,
+    policy,
+)
+from kai_session_checkpoint_policy.persistence import OsFiles
+from kai_session_checkpoint_policy.pytest_plugin import RecordingAdapter
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.anyio
+
+CHUNKS = 300
+"""Chunks of each response: most of a long session's events."""
+
+
+def live_chunks() -> int:
+    """How many ``assistant/chunk`` event objects exist in this process."""
+    gc.collect()
+    return sum(
+        isinstance(item, SessionEvent) and item.type == "assistant/chunk"
+        for item in gc.get_objects()
+    )
+
+
+class CountingFiles(OsFiles):
+    """The real file layer, counting the logs it reads whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def read(self, path: Path) -> bytes:
+        self.reads += 1
+        return super().read(path)
+
+
+async def run_turns(root: Path, count: int, files: OsFiles | None = None) -> list[str]:
+    """Run *count* turns of session ``"long"`` (resumed if stored); the texts the model was
+    sent in the last request."""
+    adapter = RecordingAdapter()
+    backend = JsonlSessionPersistence(root, files=files, pack_chunks=False)
+    async with Host([backend, policy], autoload=False) as host:
+        host.llm.register_adapter("mock", adapter)
+        session = await host.sessions.open("long")
+        agent = Agent(host, session, provider="mock", model="m")
+        for _ in range(count):
+            adapter.script(*(TextDelta(f"{i} ") for i in range(CHUNKS)))
+            outcome = await agent.run_turn(f"question {session.seq}")
+            assert outcome.reason == {"kind": "completed"}
+    return [str(message["role"]) for message in adapter.requests[-1].messages]
+
+
+async def test_resuming_reads_the_log_once_and_the_first_write_does_not_read_it(
+    tmp_path: Path,
+) -> None:
+    await run_turns(tmp_path, 3)
+    files = CountingFiles()
+    roles = await run_turns(tmp_path, 1, files)
+    assert files.reads == 1
+    assert roles == ["user", "assistant"] * 3 + ["user"]  # the whole transcript, from one read
+    stored = await JsonlSessionPersistence(tmp_path).load("long")
+    turns = [event.data["turn"] for event in stored.events if event.type == "turn/start"]
+    assert (turns, stored.repair) == ([1, 2, 3, 4], ())
+
+
+async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Path) -> None:
+    """The first write adopts what its load found only if nobody wrote the log since."""
+    await run_turns(tmp_path, 1)
+    files = CountingFiles()
+    refusals: list[str] = []
+
+    async def write_after_another_host() -> None:
+        async with Host([JsonlSessionPersistence(tmp_path, files=files)], autoload=False) as host:
+            session = await host.sessions.resume("long")
+            await run_turns(tmp_path, 1)  # another host, with the lock that this one lets go
+            session.append("turn/start", {"turn": 2})
+            with pytest.raises(SeqMismatchError) as refused:
+                await host.sessions.flush(session)
+            refusals.append(str(refused.value))
+
+    with pytest.raises(SeqMismatchError) as closing:  # closing the host drains it again
+        await write_after_another_host()
+    count = 3 + 2 + CHUNKS + 3  # the events of one turn
+    assert (
+        refusals
+        == [str(closing.value)]
+        == [
+            f"session 'long': refusing to write seq {count} at position 0 of a batch; the stored "
+            f"log holds {2 * count} events, so seq {2 * count} was expected"
+        ]
+    )
+    assert files.reads == 2
+    stored = await JsonlSessionPersistence(tmp_path).load("long")
+    assert (len(stored.events), stored.repair) == (2 * count, ())
+
+
+async def test_a_resumed_session_holds_as_objects_only_the_events_read(tmp_path: Path) -> None:
+    await run_turns(tmp_path, 3)
+    before = live_chunks()
+    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        session = await host.sessions.resume("long")
+        assert session.seq == 3 * (CHUNKS + 6) + 2  # one request header and context
+        assert live_chunks() == before
+        tracked = session.events.select({"turn/start", "user/message", "assistant/message"})
+        assert [event.type for event in tracked] == [
+            "turn/start",
+            "user/message",
+            "assistant/message",
+        ] * 3
+        assert live_chunks() == before
+        chunk = session.events[10]
+        assert (chunk.type, chunk.data["chunk"]) == (
+            "assistant/chunk",
+            {"type": "text-delta", "index": 0, "text": "5 "},
+        )
+        assert live_chunks() == before + 1
+        host.sessions.detach(session)
+
+
+async def test_an_agent_reads_only_what_its_requests_need(tmp_path: Path) -> None:
+    await run_turns(tmp_path, 3)
+    before = live_chunks()
+    adapter = RecordingAdapter()
+    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+        host.llm.register_adapter("mock", adapter)
+        session = await host.sessions.resume("long")
+        agent = Agent(host, session, provider="mock", model="m")
+        adapter.script(*(TextDelta(f"{i} ") for i in range(CHUNKS)))
+        await agent.run_turn("one more")
+        assert live_chunks() == before + CHUNKS  # the new turn's, in the session
+        assert [message["role"] for message in adapter.requests[0].messages] == [
+            "user",
+            "assistant",
+        ] * 3 + ["user"]
+        host.sessions.detach(session)
