@@ -504,6 +504,9 @@ class SimFiles(OsFiles):
     def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
         return self.read(path)[:limit]
 
+    def read_from(self, path: Path, offset: int) -> bytes:
+        return self.read(path)[offset:]
+
     def rename(self, source: Path, target: Path) -> None:
         with self._lock:
             old, new = self._rel(source), self._rel(target)

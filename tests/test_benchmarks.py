@@ -120,12 +120,51 @@ def test_recovery_loads_every_event_and_repairs_the_open_turn(
     assert _dig(figures, "torn_bytes") != 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("state", ["open", "closed"])
+@pytest.mark.parametrize("log_format", ["plain", "plain packed", "zstd"])
+def test_every_format_is_recovered_with_its_turn_open_and_closed(
+    quick_run: tuple[dict[str, object], Path], backend: str, state: str, log_format: str
+) -> None:
+    recovery = _dig(quick_run[0], "recovery")
+    figures = _dig(recovery, "formats", log_format, state, backend)
+    assert _number(figures, "loaded_events") == _number(recovery, "events") + 3
+    assert _dig(figures, "repair_events") == (3 if state == "open" else 0)
+    assert (_dig(figures, "torn_bytes") != 0) is (state == "open")
+    assert _number(figures, "load_seconds", "median") > 0
+    assert _number(figures, "peak_rss_mib", "median") > 0
+
+
+def test_the_compiled_floor_is_measured_in_the_same_run(
+    quick_run: tuple[dict[str, object], Path],
+) -> None:
+    floor = _dig(quick_run[0], "recovery", "compiled_floor")
+    assert _number(floor, "load_seconds", "n") == _number(floor, "peak_rss_mib", "n") == 1
+    assert _number(floor, "load_seconds", "median") > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_resumed_session_is_flushed_and_runs_a_turn(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    resumed = _dig(quick_run[0], "backends", backend, "resume")
+    assert _dig(resumed, "events") == _dig(quick_run[0], "plan", "resumed_events") == 2_000
+    assert _number(resumed, "other_flushes_us", "n") == _dig(
+        quick_run[0], "plan", "samples_per_round"
+    )
+    first, slowest = _number(resumed, "first_flush_us"), _number(resumed, "other_flushes_us", "p99")
+    assert _number(resumed, "first_flush_versus_slowest_other") == pytest.approx(
+        first / slowest, rel=0.05
+    )
+    assert _number(resumed, "turn_ms") > 0
+
+
 def test_every_target_is_evaluated(quick_run: tuple[dict[str, object], Path]) -> None:
     targets = _dig(quick_run[0], "targets")
     assert isinstance(targets, list)
     names = {target["target"] for target in targets}
     assert names == {target.name for target in report.TARGETS}
-    assert len(names) == 10
+    assert len(names) == 9 + 2 * 2 * 3  # and a load time and a peak per format and turn
     assert {target["backend"] for target in targets} == set(BACKENDS)
 
 

@@ -385,6 +385,24 @@ def test_bad_input_is_one_line_and_status_2(
     assert problem.format(root=bad_root, tmp=tmp) in lines[0]
 
 
+def test_damaged_data_is_named_when_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reading a log checks each event's envelope; its data is checked as it is printed."""
+    logged = events(("turn/start", {"turn": 1}), ("plan/mode", {"v": 1}), ("turn/end", {"turn": 1}))
+    data = log_bytes("s", logged).replace(b'{"v":1}', b'{"v":1e999}')
+    write_log(tmp_path, "s", data)
+    for command in ("inspect", "recover"):
+        status, out, err = run_cli(capsys, command, tmp_path, "s")
+        assert status == 2
+        assert "turn/start" in out
+        assert err == (
+            "kai-checkpoint: the data of the stored 'plan/mode' event (seq 1): 1e999 is not a "
+            "finite number\n"
+        )
+    assert (tmp_path / "_no-cwd" / "s" / "session.jsonl").read_bytes() == data
+
+
 def test_help_and_module_entry_point() -> None:
     completed = subprocess.run(
         [*COMMAND, "--help"], capture_output=True, text=True, timeout=60, check=True

@@ -13,6 +13,7 @@ from kai_session_checkpoint_policy import (
     JsonlSessionPersistence,
     SeqMismatchError,
     SessionEvent,
+    SessionLockedError,
     TextDelta,
     policy,
 )
@@ -78,16 +79,38 @@ async def test_resuming_reads_the_log_once_and_the_first_write_does_not_read_it(
     assert (turns, stored.repair) == ([1, 2, 3, 4], ())
 
 
-async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Path) -> None:
-    """The first write adopts what its load found only if nobody wrote the log since."""
+async def test_a_resumed_session_keeps_its_lock_until_it_is_detached(tmp_path: Path) -> None:
+    """In a host, the recovery's lock is kept for the session's first write: no other process
+    writes the log in between, so that write needs to read nothing."""
     await run_turns(tmp_path, 1)
     files = CountingFiles()
+    async with Host([JsonlSessionPersistence(tmp_path, files=files)], autoload=False) as host:
+        session = await host.sessions.resume("long")
+        with pytest.raises(SessionLockedError, match="is being written by another process"):
+            await run_turns(tmp_path, 1)  # another host
+        host.sessions.detach(session)  # never written: its lock is let go
+        await run_turns(tmp_path, 1)
+        await host.sessions.resume("long")  # held again, until the host closes
+    await run_turns(tmp_path, 1)
+    assert files.reads == 2
+    stored = await JsonlSessionPersistence(tmp_path).load("long")
+    turns = [event.data["turn"] for event in stored.events if event.type == "turn/start"]
+    assert turns == [1, 2, 3]
+
+
+async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Path) -> None:
+    """Loaded outside a host, a log is not locked: its first write adopts what the load found
+    only if nobody wrote the log since."""
+    await run_turns(tmp_path, 1)
+    files = CountingFiles()
+    backend = JsonlSessionPersistence(tmp_path, files=files)
+    loaded = await backend.load("long")
+    await run_turns(tmp_path, 1)  # another host writes a turn meanwhile
     refusals: list[str] = []
 
     async def write_after_another_host() -> None:
-        async with Host([JsonlSessionPersistence(tmp_path, files=files)], autoload=False) as host:
-            session = await host.sessions.resume("long")
-            await run_turns(tmp_path, 1)  # another host, with the lock that this one lets go
+        async with Host([backend], autoload=False) as host:
+            session = host.sessions.create("long", seed=loaded.events)
             session.append("turn/start", {"turn": 2})
             with pytest.raises(SeqMismatchError) as refused:
                 await host.sessions.flush(session)
@@ -95,7 +118,7 @@ async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Pa
 
     with pytest.raises(SeqMismatchError) as closing:  # closing the host drains it again
         await write_after_another_host()
-    count = 3 + 2 + CHUNKS + 3  # the events of one turn
+    count = len(loaded.events)
     assert (
         refusals
         == [str(closing.value)]

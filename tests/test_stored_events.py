@@ -140,3 +140,31 @@ def test_stored_events_refuse_events_out_of_order() -> None:
         SessionEvent("turn/end", 1, 1, {}),
     )
     assert len(stored) == 1  # adding made a copy
+
+
+@pytest.mark.parametrize("zstd", [False, True], ids=["plain", "zstd"])
+@pytest.mark.parametrize("pack", [False, True], ids=["lines", "packed"])
+def test_an_intact_log_is_read_by_the_compiled_decoder_alone(pack: bool, zstd: bool) -> None:
+    """Events with every envelope field, and packed rows, never need the slower decoder."""
+    chunk: JSONObject = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0}}
+    call: JSONObject = {"type": "tool-call-delta", "index": 1, "id": "c", "argumentsDelta": "{"}
+    written = [SessionEvent("turn/start", 0, 1, {"turn": 1})]
+    written += [SessionEvent("assistant/chunk", seq, 2, chunk | {"x": seq}) for seq in (1, 2)]
+    written += [
+        SessionEvent("assistant/chunk", seq, seq, {"turn": 1, "step": 1, "chunk": call})
+        for seq in range(3, 7)
+    ]
+    written += [
+        SessionEvent("assistant/message", 7, 9, {}, None, "append", (1, 2, 3)),
+        SessionEvent("tool/result", 8, 9, {}, None, "append", (7,), surface_op_first=True),
+        SessionEvent("user/message", 9, 9, {}, None, SurfaceReplace(0, 8)),
+        SessionEvent("x", 10, 9, {}, None, ignorable=True),
+    ]
+    slower = AssertionError("read by the standard library's decoder")
+    with (
+        mock.patch.object(log_format, "_decode_lines", side_effect=slower),
+        mock.patch.object(log_format, "_parse", side_effect=slower),
+    ):
+        stored = read(written, pack=pack, zstd=zstd)
+    assert list(stored) == written
+    assert [event.encode() for event in stored] == [event.encode() for event in written]

@@ -14,8 +14,9 @@ Subcommands::
 Every ROOT, STORE, SOURCE and TARGET is a store URL: a directory (the JSONL backend) or a
 ``postgresql://`` URI (the PostgreSQL backend).
 
-Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, a format
-this release does not read), with one line on standard error that names the problem.
+Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, event data
+that is not valid when printed, a format this release does not read), with one line on
+standard error that names the problem.
 ``list`` prints every intact session on standard output (its id, when it was created, and its
 log relative to the root) and one line per session it cannot read on standard error; it then
 exits with status 2. ``list`` and ``inspect`` never write
@@ -573,6 +574,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kai-checkpoint`` with *argv* (default: the process arguments); return the status."""
     from .demo import DemoError
+    from .events import StoredDataError
     from .persistence import PersistenceError
 
     args = _parser().parse_args(argv)
@@ -580,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = anyio.run(args.run, args)
     except BrokenPipeError:  # the reader of standard output is gone: stop, as SIGPIPE would
         return EXIT_BROKEN_PIPE
-    except (UsageError, PersistenceError) as exc:
+    except (UsageError, PersistenceError, StoredDataError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (DemoError, OSError) as exc:

@@ -629,7 +629,9 @@ def encode_data(event_type: str, data: object) -> tuple[JSONObject, str]:
             encoded = _fast_encoder.encode(data)
             if encoded.isascii():
                 copy = _fast_decoder.decode(encoded)
-                if copy == data and not _maybe_too_deep(encoded, copy):
+                if copy == data and (
+                    len(encoded) <= 2 * MAX_JSON_DEPTH or not _maybe_too_deep(encoded, copy)
+                ):
                     return copy, encoded.decode("ascii")
         except _FAST_PATH_ERRORS:
             pass  # the standard library's path says what is wrong, if anything is

@@ -210,18 +210,20 @@ class Session:
         :raises SessionError: if the type is unknown and the event not ignorable, or the
             surface fields do not fit the event; nothing is appended.
         """
-        _require_name("an event type", event_type)
-        seq = self.seq
+        appended = self._appended
+        seq = len(self._stored) + len(appended)
         if (
             surface_op is None
             and source_event_seqs is None
             and ignorable is False
-            and (event_type in KNOWN_EVENT_TYPES)
-        ):  # the fast path: no envelope field to check
+            and type(event_type) is str
+            and event_type in KNOWN_EVENT_TYPES
+        ):  # the fast path: a known type, no envelope field to check
             copy, encoded = encode_data(event_type, data)
             surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
             event = SessionEvent(event_type, seq, self._clock(), copy, encoded, surface)
         else:
+            _require_name("an event type", event_type)
             sources = None if source_event_seqs is None else tuple(source_event_seqs)
             if event_type in SURFACE_EVENT_TYPES and surface_op is None:
                 surface_op = "append"
@@ -239,7 +241,7 @@ class Session:
             event = SessionEvent(
                 event_type, seq, self._clock(), copy, encoded, surface_op, sources, ignorable
             )
-        self._appended.append(event)
+        appended.append(event)
         if self._on_append is not None:
             self._on_append(self, event)
         return event

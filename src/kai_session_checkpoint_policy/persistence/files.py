@@ -80,6 +80,10 @@ def _open_file(path: Path, flags: int, mode: int = _FILE_MODE) -> int:
     return fd
 
 
+_MOST_READ: Final = 1 << 30
+"""The most bytes asked of one read call (Linux reads at most about 2 GiB at once)."""
+
+
 class LockedError(OSError):
     """Another open writer holds the session's lock."""
 
@@ -169,11 +173,19 @@ class OsFiles:
                         os.unlink(entry.path)
 
     def read(self, path: Path) -> bytes:
-        """Read the whole regular file *path*."""
+        """Read the whole regular file *path*.
+
+        A file of the size it has when opened is read in one call, into one buffer (a long
+        log is not held twice while its pieces are joined).
+        """
         fd = _open_file(path, os.O_RDONLY)
         try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
+            wanted = min(os.fstat(fd).st_size + 1, _MOST_READ)
+            data = os.read(fd, wanted)
+            if len(data) < wanted:  # the end of the file, as a regular file reads
+                return data
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):  # it grew since, or it is huge
                 chunks.append(chunk)
             return b"".join(chunks)
         finally:
@@ -199,6 +211,18 @@ class OsFiles:
             while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
                 data += chunk
             return data
+        finally:
+            os.close(fd)
+
+    def read_from(self, path: Path, offset: int) -> bytes:
+        """Read a regular file from byte *offset* to its end."""
+        fd = _open_file(path, os.O_RDONLY)
+        try:
+            chunks = []
+            while chunk := os.pread(fd, 1 << 20, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            return b"".join(chunks)
         finally:
             os.close(fd)
 

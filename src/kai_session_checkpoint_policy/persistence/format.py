@@ -535,17 +535,20 @@ def encode_events(
     return compress_frame(text) if compression == "zstd" else text
 
 
-_compressors: Final = threading.local()
+_compressor: Final = zstd.ZstdCompressor(options={zstd.CompressionParameter.checksum_flag: 1})
+_compressing: Final = threading.Lock()
 
 
 def compress_frame(data: bytes) -> bytes:
     """*data* as one Zstandard frame with a checksum (and no content size), as the original
-    harness writes its frames. Each thread keeps one compressor for all its frames."""
-    compressor: zstd.ZstdCompressor | None = getattr(_compressors, "compressor", None)
-    if compressor is None:
-        options: dict[int, int] = {zstd.CompressionParameter.checksum_flag: 1}
-        compressor = _compressors.compressor = zstd.ZstdCompressor(options=options)
-    return compressor.compress(data) + compressor.flush()
+    harness writes its frames.
+
+    One compressor serves every thread, one frame at a time: a compressor's first frame costs
+    far more than the next (it sets up its tables), so a thread's first write is not slower.
+    """
+    with _compressing:
+        frame: bytes = _compressor.compress(data) + _compressor.flush()
+    return frame
 
 
 # -- reading one record -------------------------------------------------------------------------
@@ -870,6 +873,9 @@ _decode_call_row: Final = msgspec.json.Decoder(_CallRow).decode
 _decode_value: Final = msgspec.json.Decoder().decode
 _REFUSED: Final = (msgspec.MsgspecError, RecursionError)
 """What the compiled decoder raises for a line it does not read (it has a depth limit)."""
+_optional_of: Final = attrgetter("time0", "seq0", "surfaceOp", "sourceEventSeqs", "ignorable")
+_NONE_SET: Final = (UNSET,) * 5
+"""What :data:`_optional_of` gives for a record without the optional envelope keys."""
 _seq_of: Final = attrgetter("seq")
 _type_of: Final = attrgetter("type")
 _time_of: Final = attrgetter("time")
@@ -880,17 +886,17 @@ _Columns: TypeAlias = "tuple[list[str], list[int], list[_Item]]"
 """Decoded events as :meth:`StoredEvents.extend_stored` takes them."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """A packed row checked while reading, its members made when one is first read."""
+class _Row(msgspec.Struct, frozen=True, gc=False):
+    """A packed row checked while reading, kept raw; its members are made when one is read."""
 
     seq: int
-    times: list[int]
-    row: _TextRow | _CallRow
+    time0: int
+    data: msgspec.Raw
     kind: str
 
     def events(self) -> list[SessionEvent]:
-        row = self.row
+        row = _decode_row(self.kind, self.data)
+        times = list(accumulate(row.dt, initial=self.time0))
         if isinstance(row, _CallRow):
             name = None if isinstance(row.name, UnsetType) else row.name
             head: tuple[str, JSON] | tuple[str, JSON, str, JSON, bool] = (
@@ -900,10 +906,14 @@ class _Row:
                 name,
                 name is not None,
             )
-            pieces = row.args
-        else:
-            head, pieces = (self.kind, row.index), row.texts
-        return _members(self.seq, self.times, row.turn, row.step, head, pieces)
+            return _members(self.seq, times, row.turn, row.step, head, row.args)
+        return _members(self.seq, times, row.turn, row.step, (self.kind, row.index), row.texts)
+
+
+def _decode_row(kind: str, data: msgspec.Raw) -> _TextRow | _CallRow:
+    if kind == "tool-call-delta":
+        return _decode_call_row(data)
+    return _decode_text_row(data)
 
 
 def _compiled_lines(events: StoredEvents, data: bytes, start: int, end: int) -> bool:
@@ -928,10 +938,13 @@ def _compiled_lines(events: StoredEvents, data: bytes, start: int, end: int) -> 
         plain = _plain_lines(view)
     except msgspec.ValidationError:  # not all plain events of known types: record by record
         try:
-            columns = _columns(_record_lines(view), seq, _Lines(data, start, end))
+            records = _record_lines(view)
         except _REFUSED:
             return False
-        if columns is None or len(columns[2]) != lines:
+        columns = (
+            _columns(records, seq, _Lines(data, start, end)) if len(records) == lines else None
+        )
+        if columns is None:
             return False
         events.extend_stored(*columns)
         return True
@@ -981,67 +994,83 @@ def _columns(
     types: list[str] = []
     times: list[int] = []
     items: list[_Item] = []
+    seq = first
+    known = _EVENT_TYPES.get
     for number, record in enumerate(records):
-        seq = first + len(items)
+        event_type = known(record.type)
+        time = record.time
+        if (
+            event_type is not None
+            and record.seq == seq
+            and _optional_of(record) == _NONE_SET
+            and not isinstance(time, UnsetType)
+        ):  # the usual event: a known type, the four envelope keys alone
+            types.append(event_type)
+            times.append(time)
+            items.append(record.data)
+            seq += 1
+            continue
         kind = _ROW_TAGS.get(record.type)
         if kind is not None:
-            row = _compiled_row(record, seq, kind)
-            if row is None:
+            found = _compiled_row(record, seq, kind)
+            if found is None:
                 return None
-            types += ["assistant/chunk"] * len(row.times)
-            times += row.times
-            items += [row] * len(row.times)
+            row, row_times = found
+            types += ["assistant/chunk"] * len(row_times)
+            times += row_times
+            items += [row] * len(row_times)
+            seq += len(row_times)
             continue
-        if record.seq != seq or record.time is UNSET or record.seq0 is not UNSET:
+        event = _enveloped(record, seq, event_type, partial(line_of, number))
+        if event is None:
             return None
-        if record.time0 is not UNSET:
-            return None
-        event_type = _EVENT_TYPES.get(record.type)
-        ignorable = record.ignorable
-        if ignorable is False or (event_type is None and ignorable is not True):
-            return None  # refused, or unknown to this release (and not ignorable)
-        event_type = event_type or record.type
-        if not event_type:
-            return None
-        op, sources = record.surfaceOp, record.sourceEventSeqs
-        if op is UNSET and sources is UNSET and ignorable is UNSET:
-            items.append(record.data)
-        else:
-            surface_op = None
-            if op is not UNSET:
-                try:
-                    surface_op = _surface_op(_decode_value(op))
-                except (*_REFUSED, RecordError):
-                    return None
-            listed = None if sources is UNSET else tuple(sources)
-            if envelope_problem(event_type, seq, surface_op, listed) is not None:
-                return None
-            op_first = False
-            if surface_op is not None and listed is not None:
-                line = line_of(number)
-                op_first = line.rfind(b'"surfaceOp":') < line.rfind(b'"sourceEventSeqs":')
-            items.append(
-                SessionEvent.stored(
-                    event_type,
-                    seq,
-                    record.time,
-                    record.data,
-                    surface_op,
-                    listed,
-                    ignorable is True,
-                    op_first,
-                )
-            )
-        types.append(event_type)
-        times.append(record.time)
+        types.append(event.type)
+        times.append(event.time)
+        items.append(event)
+        seq += 1
     return types, times, items
 
 
-def _compiled_row(record: _Record, seq: int, kind: str) -> _Row | None:
-    """The row *record* holds, if it is a packed row that starts at *seq*."""
+def _enveloped(
+    record: _Record, seq: int, known_type: str | None, line: Callable[[], bytes]
+) -> SessionEvent | None:
+    """The event *record* holds, with the envelope fields it has, if it is the one expected."""
+    time, ignorable = record.time, record.ignorable
+    if record.seq != seq or isinstance(time, UnsetType):
+        return None
+    if record.seq0 is not UNSET or record.time0 is not UNSET:
+        return None
+    if ignorable is False or (known_type is None and ignorable is not True):
+        return None  # refused, or unknown to this release (and not ignorable)
+    event_type = known_type or record.type
+    if not event_type:
+        return None
+    op, sources = record.surfaceOp, record.sourceEventSeqs
+    surface_op = None
+    if not isinstance(op, UnsetType):
+        try:
+            surface_op = _surface_op(_decode_value(op))
+        except (*_REFUSED, RecordError):
+            return None
+    listed = None if isinstance(sources, UnsetType) else tuple(sources)
+    if envelope_problem(event_type, seq, surface_op, listed) is not None:
+        return None
+    op_first = False
+    if surface_op is not None and listed is not None:
+        text = line()
+        op_first = text.rfind(b'"surfaceOp":') < text.rfind(b'"sourceEventSeqs":')
+    return SessionEvent.stored(
+        event_type, seq, time, record.data, surface_op, listed, ignorable is True, op_first
+    )
+
+
+def _compiled_row(record: _Record, seq: int, kind: str) -> tuple[_Row, list[int]] | None:
+    """The row *record* holds, and its members' times, if it is a packed row that starts at
+    *seq*."""
+    time0 = record.time0
     if (
         record.seq0 != seq
-        or record.time0 is UNSET
+        or isinstance(time0, UnsetType)
         or record.seq is not UNSET
         or record.time is not UNSET
         or record.surfaceOp is not UNSET
@@ -1050,18 +1079,14 @@ def _compiled_row(record: _Record, seq: int, kind: str) -> _Row | None:
     ):
         return None
     try:
-        row: _TextRow | _CallRow = (
-            _decode_call_row(record.data)
-            if kind == "tool-call-delta"
-            else _decode_text_row(record.data)
-        )
+        row = _decode_row(kind, record.data)
     except _REFUSED:
         return None
     pieces = row.args if isinstance(row, _CallRow) else row.texts
     if len(row.dt) != len(pieces) - 1:
         return None
-    times = _member_times(record.time0, row.dt)
-    return None if times is None else _Row(seq, times, row, kind)
+    times = _member_times(time0, row.dt)
+    return None if times is None else (_Row(seq, time0, record.data, kind), times)
 
 
 # -- reading a log ------------------------------------------------------------------------------
@@ -1327,13 +1352,14 @@ def _frame_end(data: bytes, start: int) -> int | str | None:
     return None if position > size else position
 
 
-def _decompress(data: bytes) -> bytes | None:
-    """The plaintext of whole frames with valid checksums, or ``None``."""
+def _decompress(frame: bytes | memoryview) -> bytes | None:
+    """The plaintext of one whole frame with a valid checksum, or ``None``."""
+    decompressor = zstd.ZstdDecompressor()
     try:
-        plaintext: bytes = zstd.decompress(data)
+        plaintext: bytes = decompressor.decompress(frame)
     except zstd.ZstdError:
         return None
-    return plaintext
+    return plaintext if decompressor.eof and not decompressor.unused_data else None
 
 
 def _intact_frame_after(data: bytes, start: int) -> int | None:
@@ -1377,23 +1403,27 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     if first.find(b"\n") != len(first) - 1:
         raise CorruptLogError(path, 1, "the first frame is not exactly one header line")
     header = _decode_header(first[:-1], path, fresh_stack=fresh_stack)
-    body = frames[1:]
-    text = _decompress(data[body[0][0] : body[-1][1]]) if body else b""
-    if text is None:  # a frame fails its checksum: find the first
-        parts: list[bytes] = []
-        for start, end in body:
-            plaintext = _decompress(data[start:end])
-            if plaintext is None:
-                offset, damage, torn_frame = (
-                    start,
-                    f"the frame at byte {start} fails its checksum",
-                    False,
-                )
-                break
-            parts.append(plaintext)
-        text = b"".join(parts)
     reader = _Reader(path, header, fresh_stack, StoredEvents())
-    _read_frames(reader, text)
+    # The frames' text is read a group of frames at a time (about a run of lines of the fast
+    # path each, ending at the end of a line), up to the first frame that fails its checksum.
+    group: list[bytes] = []
+    grouped, line_number = 0, 2
+    view = memoryview(data)
+    for start, end in frames[1:]:
+        plaintext = _decompress(view[start:end])
+        if plaintext is None:
+            offset, damage, torn_frame = (
+                start,
+                f"the frame at byte {start} fails its checksum",
+                False,
+            )
+            break
+        group.append(plaintext)
+        grouped += len(plaintext)
+        if grouped >= _BULK_BYTES and plaintext.endswith(b"\n"):
+            line_number = _read_frames(reader, b"".join(group), line_number, last=False)
+            group, grouped = [], 0
+    _read_frames(reader, b"".join(group), line_number, last=True)
     salvaged = 0
     if offset < len(data):
         intact = _intact_frame_after(data, offset)
@@ -1411,23 +1441,26 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     return Scan(header, reader.events, offset, data[offset:], salvaged)
 
 
-def _read_frames(reader: _Reader, text: bytes) -> None:
-    """Read the lines of whole frames: every one must be the event expected."""
+def _read_frames(reader: _Reader, text: bytes, line_number: int, *, last: bool) -> int:
+    """Read the lines of whole frames, from line *line_number* on: every one must be the event
+    expected; the *last* frames' text must end with a whole line. Return the next line's
+    number."""
     offset = reader.bulk(text, 0)
-    line_number = 2 + text.count(b"\n", 0, offset)
+    line_number += text.count(b"\n", 0, offset)
     while (end := text.find(b"\n", offset)) >= 0:
         try:
             reader.add(reader.line(text[offset:end]))
         except RecordError as error:
             reader.refuse(line_number, error)
         offset, line_number = end + 1, line_number + 1
-    if offset < len(text):
+    if last and offset < len(text):
         raise CorruptLogError(
             reader.path,
             line_number,
             "a whole frame ends inside this record",
             seq=len(reader.events),
         )
+    return line_number
 
 
 def _read_salvage(reader: _Reader, text: bytes) -> int:

@@ -35,6 +35,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ..hookspecs import hookimpl
 from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind, Writer
 from .errors import (
     CorruptLogError,
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
 
+    from ..contract import SessionLogLike
     from ..events import SessionEvent
 
 __all__ = [
@@ -250,6 +252,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
         # What this backend's last recoveries left (path, size, count), for their first write.
         self._recovered: OrderedDict[str, tuple[Path, int, int]] = OrderedDict()
+        self._held: OrderedDict[str, _Log] = OrderedDict()  # their locked logs, in a host
         self._recovered_lock = threading.Lock()  # recoveries run in worker threads
 
     def __repr__(self) -> str:
@@ -280,6 +283,17 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             await super().aclose()
         finally:
             self._open.clear()
+            with self._recovered_lock:
+                held, self._held = list(self._held.values()), OrderedDict()
+            for log in held:
+                self._release(log)
+
+    @hookimpl
+    def session_detach(self, session: SessionLogLike) -> None:
+        log = self._take_held(session.id)  # resumed, and never written
+        if log is not None:
+            self._release(log)
+        super().session_detach(session)
 
     def _forget(self, writer: Writer[_Log]) -> None:
         if self._open.get(writer.session_id) is writer:
@@ -378,9 +392,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """
         log = writer.log
         return (
-            log is not None
-            and log.size > 0  # the file exists
-            and not log.suspect
+            (
+                log.size > 0 and not log.suspect  # the file exists, and holds what it should
+                if log is not None
+                else writer.session_id in self._held  # recovered here, locked since
+            )
             and writer.write_seconds < self.inline_write_limit
             and loop_is_idle()
         )
@@ -466,6 +482,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         log.size += len(data)
 
     def _open_for_writing(self, session_id: str) -> _Log:
+        held = self._take_held(session_id)
+        if held is not None:  # locked since its recovery: as the recovery left it
+            with self._recovered_lock:
+                _, held.size, held.count = self._recovered.pop(session_id)
+            return held
         found = self._find(session_id)
         if found is not None and found.earlier:
             raise PersistenceError(
@@ -541,13 +562,33 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             raise
         log.fd, log.size, log.count, log.suspect = fd, scan.committed_bytes, len(scan.events), False
 
-    def _remember(self, session_id: str, path: Path, size: int, count: int) -> None:
-        """Keep what a recovery left of a log, so that its first write need not read it again."""
+    def _remember(
+        self, session_id: str, path: Path, size: int, count: int, log: _Log | None = None
+    ) -> bool:
+        """Keep what a recovery left of a log, so that its first write need not read it again.
+
+        In an open host, which loads a session to resume it, the recovery's lock and file
+        (*log*) are kept for that write too; return whether they were.
+        """
+        released: list[_Log] = []
         with self._recovered_lock:
             self._recovered[session_id] = (path, size, count)
             self._recovered.move_to_end(session_id)
             while len(self._recovered) > _RECOVERED_KEPT:
                 self._recovered.popitem(last=False)
+            kept = log is not None and self._task_group is not None
+            if log is not None and kept:
+                self._held[session_id] = log
+                while len(self._held) > self.max_open_sessions:
+                    released.append(self._held.popitem(last=False)[1])
+        for old in released:
+            self._release(old)
+        return kept
+
+    def _take_held(self, session_id: str) -> _Log | None:
+        """The locked, checked log a recovery kept for *session_id*, if any (now the caller's)."""
+        with self._recovered_lock:
+            return self._held.pop(session_id, None)
 
     def _adopt(self, log: _Log, session_id: str) -> bool:
         """Open a log this backend recovered, if it is as the recovery left it: its size and
@@ -649,24 +690,35 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         path = found.path
         directory = path.parent
         leftover = self.root / earlier_directory(session_id) / LOG_NAME
-        if not _exists(directory / LOCK_NAME) and not _exists(leftover):
+        unlocked: tuple[Scan, tuple[SessionEvent, ...]] | None = None
+        held = self._take_held(session_id)  # loaded before, and not written since
+        in_host = self._task_group is not None
+        if (
+            held is None
+            and not in_host
+            and not _exists(directory / LOCK_NAME)
+            and not _exists(leftover)
+        ):
             # No writer has held the session (writers create the lock file and never remove
             # it): read the log before creating one, so that a refused recovery, or one with
-            # nothing to do, leaves nothing behind. A change is made under the lock, after
-            # reading the log again.
-            scan, repair = self._read_log(path, session_id)
+            # nothing to do, leaves nothing behind. A change is made under the lock.
+            unlocked = scan, repair = self._read_log(path, session_id)
             if not (scan.torn or repair or scan.salvaged):
                 self._remember(session_id, path, scan.committed_bytes, len(scan.events))
                 return StoredLog(scan.header, scan.events, (), 0, str(path))
-        log = _Log(path, self._lock(session_id, directory))
+        log = held or _Log(path, self._lock(session_id, directory))
+        kept = False
         try:
-            scan, repair = self._read_log(path, session_id)
+            if unlocked is None or not self._unchanged(path, unlocked[0]):
+                scan, repair = self._read_log(path, session_id)
             log.size = scan.committed_bytes
             if scan.torn:
                 self._keep_torn(path, scan.committed_bytes, scan.torn)
             salvaged = scan.events[len(scan.events) - scan.salvaged :] if scan.salvaged else ()
             if scan.torn or repair or salvaged:
-                fd = log.fd = self.files.open_append(path)
+                if log.fd is None:
+                    log.fd = self.files.open_append(path)
+                fd = log.fd
                 self.files.truncate(fd, scan.committed_bytes)
                 self.files.fsync(fd)  # the cut is durable before anything follows it
                 if repair or salvaged:
@@ -674,10 +726,20 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             if _exists(leftover):  # a conversion was interrupted after its new log was written
                 self._retire_earlier(session_id, leftover)
             events = scan.events + repair
-            self._remember(session_id, path, log.size, len(events))
+            kept = self._remember(session_id, path, log.size, len(events), log)
             return StoredLog(scan.header, events, repair, len(scan.torn), str(path))
         finally:
-            self._release(log)
+            if not kept:
+                self._release(log)
+
+    def _unchanged(self, path: Path, scan: Scan) -> bool:
+        """Whether the log at *path* still holds what *scan* read of it (without the lock).
+
+        Writers only append, and recovery cuts only the torn tail a scan of the same bytes
+        finds: the committed bytes stay as they were, so the log is unchanged if what follows
+        them is still the torn tail, and nothing more.
+        """
+        return self.files.read_from(path, scan.committed_bytes) == scan.torn
 
     def _convert(self, session_id: str, earlier: Path) -> StoredLog:
         """Recover a log in the earlier format into a new log in the current layout and format.
