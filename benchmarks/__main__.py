@@ -23,11 +23,18 @@ from .scenarios import Plan, run_all
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-SCENARIOS = ("flush", "checkpoints", "stream", "policy", "recovery", "postgres")
+SCENARIOS = ("flush", "checkpoints", "stream", "policy", "resume", "recovery", "postgres")
 BACKENDS = ("asyncio", "trio")
 
 FULL = Plan(rounds=20, per_round=50, stream_events=20_000, stream_runs=3, policy_turns=50)
-QUICK = Plan(rounds=2, per_round=10, stream_events=2_000, stream_runs=1, policy_turns=5)
+QUICK = Plan(
+    rounds=2,
+    per_round=10,
+    stream_events=2_000,
+    stream_runs=1,
+    policy_turns=5,
+    resumed_events=2_000,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             "stream_events": plan.stream_events,
             "stream_runs": plan.stream_runs,
             "policy_turns_per_round": plan.policy_turns,
+            "resumed_events": plan.resumed_events,
         },
     }
     started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Scenarios 1-4: flush latency, concurrent checkpoints, streaming appends, policy overhead.
+"""Scenarios 1-4 and 6: flush latency, concurrent checkpoints, streaming appends, policy
+overhead, resuming a long session.
 
 Each scenario runs inside one event loop (asyncio or trio, through anyio) and takes its samples
 in rounds: a round first samples the raw baseline, then the scenario, so that every ratio
@@ -27,10 +28,12 @@ from kai_session_checkpoint_policy import (
     policy,
     tool_call_block,
 )
-from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, encode_session_id
+from kai_session_checkpoint_policy.persistence.format import NO_CWD, log_name
 from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder
 
 from ._support import CHUNK_DATA, DEFAULT_FORMAT, FORMATS, Baseline, Summary, TimedFiles, summarize
+from .recovery import SESSION_ID, convert, generate_log
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -56,6 +59,7 @@ class Plan:
     stream_events: int = 20_000
     stream_runs: int = 3
     policy_turns: int = 20
+    resumed_events: int = 200_000
 
 
 def _cell(
@@ -400,6 +404,57 @@ async def policy_overhead(baseline: Baseline, plan: Plan) -> dict[str, object]:
     }
 
 
+# -- 5. resuming a long session, then one turn on it ----------------------------------------
+
+
+async def resume(root: Path, baseline: Baseline, plan: Plan) -> dict[str, object]:
+    """Resume a stored session of ``plan.resumed_events`` events (in the default format, its
+    last turn open), flush after each of a few appends, then run one two-step turn on it.
+
+    The first flush after the load is the one that used to read the whole log again; the
+    raw baseline is sampled as many times as the flushes that follow it.
+    """
+    directory = root / NO_CWD / encode_session_id(SESSION_ID)
+    directory.mkdir(parents=True)
+    pristine = root / "pristine.jsonl"
+    generate_log(pristine, plan.resumed_events)
+    log = convert(pristine, DEFAULT_FORMAT)
+    log.rename(directory / log_name(FORMATS[DEFAULT_FORMAT][0]))
+    pristine.unlink()
+    compression, pack = FORMATS[DEFAULT_FORMAT]
+    backend = JsonlSessionPersistence(root, compression=compression, pack_chunks=pack)
+    host = Host([backend, policy], autoload=False)
+    host.llm.register_adapter("bench", _scripted_model)
+    host.tools.register(Tool("lookup", _lookup))
+    flushes: list[int] = []
+    async with host:
+        start = clock()
+        session = await host.sessions.resume(SESSION_ID)
+        loaded = clock() - start
+        for _ in range(plan.per_round + 1):
+            session.append("assistant/chunk", CHUNK_DATA)
+            begin = clock()
+            await host.sessions.flush(session)
+            flushes.append(clock() - begin)
+        agent = Agent(host, session, provider="bench", model="scripted")
+        begin = clock()
+        outcome = await agent.run_turn("What is the answer?")
+        turn = clock() - begin
+    if outcome.reason != {"kind": "completed"}:
+        raise RuntimeError(f"the benchmark turn did not complete: {outcome.reason}")
+    first, others = flushes[0], flushes[1:]
+    raw = baseline.sample(plan.per_round)
+    return {
+        "events": plan.resumed_events,
+        "raw_baseline_us": summarize(raw).to_json(),
+        "load_ms": round(loaded / 1e6, 1),
+        "first_flush_us": round(first / 1e3, 1),
+        "other_flushes_us": summarize(others).to_json(),
+        "first_flush_versus_slowest_other": round(first / max(others), 3),
+        "turn_ms": round(turn / 1e6, 2),
+    }
+
+
 # -- all of them, on one event loop --------------------------------------------------------------
 
 
@@ -428,6 +483,8 @@ async def run_all(root: Path, plan: Plan, scenarios: Sequence[str]) -> dict[str,
             results["formats"] = formats
         if "policy" in scenarios:
             results["policy"] = await policy_overhead(baseline, plan)
+        if "resume" in scenarios:
+            results["resume"] = await resume(root / "resume", baseline, plan)
         summary: Summary = summarize(baseline.samples)
         results["baseline_us"] = summary.to_json()
     finally:

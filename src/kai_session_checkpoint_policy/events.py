@@ -53,6 +53,7 @@ __all__ = [
     "SURFACE_EVENT_TYPES",
     "Deferred",
     "EventDataError",
+    "EventSequence",
     "JSONObject",
     "SessionEvent",
     "StoredDataError",
@@ -467,7 +468,24 @@ class Deferred(Protocol):
         ...
 
 
-class StoredEvents(Sequence[SessionEvent]):
+class EventSequence(Sequence[SessionEvent]):
+    """A read-only sequence of events that compares equal to any sequence of equal events, as
+    a tuple does (and so is not hashable)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # its events are mutable
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {len(self)} events>"
+
+
+class StoredEvents(EventSequence):
     """The events of a stored log, from seq 0 on, each made an object when it is first read.
 
     Until then a log holds, for each event, its type (one shared string per type), its time
@@ -476,7 +494,7 @@ class StoredEvents(Sequence[SessionEvent]):
     read once is kept, so reading it again returns the same object.
 
     Reading a log's events fills it (:meth:`extend`, :meth:`extend_stored`); a reader treats
-    it as read-only. It compares equal to any sequence of equal events, as a tuple does.
+    it as read-only.
     """
 
     __slots__ = ("_items", "_times", "_types")
@@ -561,16 +579,6 @@ class StoredEvents(Sequence[SessionEvent]):
         joined = self.copy()
         joined.extend(other)
         return joined
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(map(operator.eq, self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # its events are mutable
-
-    def __repr__(self) -> str:
-        return f"<StoredEvents of {len(self._items)} events>"
 
 
 def envelope_problem(

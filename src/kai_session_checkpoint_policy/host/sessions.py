@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import operator
 import time
 import uuid
-from collections.abc import Sequence
 from itertools import chain, islice
 from typing import TYPE_CHECKING, Protocol, overload
 
@@ -16,6 +14,7 @@ from ..contract import SessionExistsError
 from ..events import (
     KNOWN_EVENT_TYPES,
     SURFACE_EVENT_TYPES,
+    EventSequence,
     SessionEvent,
     StoredEvents,
     encode_data,
@@ -23,7 +22,7 @@ from ..events import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Container, Iterable, Iterator
+    from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 
     from ..contract import SessionPersistenceLike
     from ..events import SurfaceOp
@@ -72,13 +71,12 @@ class _StoreHost(Protocol):
     def session_persistence(self) -> SessionPersistenceLike | None: ...
 
 
-class SessionEvents(Sequence[SessionEvent]):
+class SessionEvents(EventSequence):
     """A snapshot of a session's log: it does not change as the session goes on.
 
     It holds the events the session started with (a loaded log's, made into objects only as
     they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`) and those
-    appended since, up to when it was taken; taking one copies nothing. It compares equal to
-    any sequence of equal events, as a tuple does.
+    appended since, up to when it was taken; taking one copies nothing.
     """
 
     __slots__ = ("_appended", "_count", "_stored")
@@ -126,16 +124,6 @@ class SessionEvents(Sequence[SessionEvent]):
             found = [event for event in stored[start:] if event.type in types]
         appended = islice(self._appended, max(start - len(stored), 0), self._count)
         return found + [event for event in appended if event.type in types]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(self) == len(other) and all(map(operator.eq, self, other))
-
-    __hash__ = None  # type: ignore[assignment]  # its events are mutable
-
-    def __repr__(self) -> str:
-        return f"<SessionEvents of {len(self)} events>"
 
 
 class Session:

@@ -26,9 +26,13 @@ independent, checksummed Zstandard frames: the header line alone, then one frame
 
 Events are read with :func:`decode_event` (one record) and :func:`scan_log` (a whole log); both
 refuse a record that is not the event expected, naming why: another envelope, a seq out of
-order, a time outside 0 to :data:`MAX_TIME`, a number that is not finite, data nested deeper
-than :data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH`, an event type this release
-does not know (unless the event is marked ``ignorable``: then it is kept as it is).
+order, a time outside 0 to :data:`MAX_TIME`, a line that is not JSON, an event type this
+release does not know (unless the event is marked ``ignorable``: then it is kept as it is).
+An event's data is kept as the raw bytes of its record and checked when it is first read
+(:attr:`SessionEvent.data <kai_session_checkpoint_policy.events.SessionEvent.data>`: a JSON
+object of finite numbers, nested at most
+:data:`~kai_session_checkpoint_policy.events.MAX_JSON_DEPTH` levels), unless only the standard
+library's decoder can read the line, which checks it at once.
 
 Logs in this project's earlier format (header ``{"format":"kai-session","version":1,...}``,
 stored at ``<root>/<id escaped per UTF-8 byte as ~XX>/session.jsonl``, events with exactly the
@@ -45,6 +49,7 @@ import re
 import struct
 import sys
 import threading
+from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -152,7 +157,7 @@ _NAMED_CALL_CHUNK_KEYS: Final = ("type", "index", "id", "name", "argumentsDelta"
 _MIN_RUN: Final = 3
 """How many consecutive deltas of one block are packed into a row."""
 _BULK_BYTES: Final = 1 << 16
-"""About how many bytes of complete lines :func:`_decode_lines` decodes in one call."""
+"""About how many bytes of complete lines the fast paths decode in one call."""
 _LINE_DEPTH: Final = MAX_JSON_DEPTH + 1
 """How deep an event line may nest: its data, inside the envelope."""
 _OPENERS: Final = bytes.maketrans(b"{", b"[")
@@ -876,13 +881,14 @@ _REFUSED: Final = (msgspec.MsgspecError, RecursionError)
 _optional_of: Final = attrgetter("time0", "seq0", "surfaceOp", "sourceEventSeqs", "ignorable")
 _NONE_SET: Final = (UNSET,) * 5
 """What :data:`_optional_of` gives for a record without the optional envelope keys."""
+_CHUNK: Final = "assistant/chunk"
 _seq_of: Final = attrgetter("seq")
 _type_of: Final = attrgetter("type")
 _time_of: Final = attrgetter("time")
 _data_of: Final = attrgetter("data")
 
 _Item: TypeAlias = "SessionEvent | msgspec.Raw | Deferred"
-_Columns: TypeAlias = "tuple[list[str], list[int], list[_Item]]"
+_Columns: TypeAlias = "tuple[list[str], array[int], list[_Item]]"
 """Decoded events as :meth:`StoredEvents.extend_stored` takes them."""
 
 
@@ -952,9 +958,9 @@ def _compiled_lines(events: StoredEvents, data: bytes, start: int, end: int) -> 
         return False
     if len(plain) != lines or list(map(_seq_of, plain)) != list(range(seq, seq + lines)):
         return False
-    events.extend_stored(
-        list(map(_type_of, plain)), map(_time_of, plain), list(map(_data_of, plain))
-    )
+    times = array("q")
+    times.fromlist(list(map(_time_of, plain)))
+    events.extend_stored(list(map(_type_of, plain)), times, list(map(_data_of, plain)))
     return True
 
 
@@ -992,7 +998,7 @@ def _columns(
     ``sourceEventSeqs`` in a record that has both.
     """
     types: list[str] = []
-    times: list[int] = []
+    times = array("q")
     items: list[_Item] = []
     seq = first
     known = _EVENT_TYPES.get
@@ -1015,11 +1021,11 @@ def _columns(
             found = _compiled_row(record, seq, kind)
             if found is None:
                 return None
-            row, row_times = found
-            types += ["assistant/chunk"] * len(row_times)
-            times += row_times
-            items += [row] * len(row_times)
-            seq += len(row_times)
+            row, count = found
+            types += [_CHUNK] * count
+            times.frombytes(bytes(8 * count))  # unused: a row makes its members' times
+            items += [row] * count
+            seq += count
             continue
         event = _enveloped(record, seq, event_type, partial(line_of, number))
         if event is None:
@@ -1064,9 +1070,9 @@ def _enveloped(
     )
 
 
-def _compiled_row(record: _Record, seq: int, kind: str) -> tuple[_Row, list[int]] | None:
-    """The row *record* holds, and its members' times, if it is a packed row that starts at
-    *seq*."""
+def _compiled_row(record: _Record, seq: int, kind: str) -> tuple[_Row, int] | None:
+    """The row *record* holds, and how many members, if it is a packed row that starts at
+    *seq* (its members' times are checked here, and made with the members)."""
     time0 = record.time0
     if (
         record.seq0 != seq
@@ -1082,11 +1088,16 @@ def _compiled_row(record: _Record, seq: int, kind: str) -> tuple[_Row, list[int]
         row = _decode_row(kind, record.data)
     except _REFUSED:
         return None
-    pieces = row.args if isinstance(row, _CallRow) else row.texts
-    if len(row.dt) != len(pieces) - 1:
+    dt = row.dt
+    count = len(row.args if isinstance(row, _CallRow) else row.texts)
+    if len(dt) != count - 1:
         return None
-    times = _member_times(time0, row.dt)
-    return None if times is None else (_Row(seq, time0, record.data, kind), times)
+    if not dt or min(dt) >= 0:  # the usual steps: the last member is the latest
+        if time0 + sum(dt) > MAX_TIME:
+            return None
+    elif _member_times(time0, dt) is None:
+        return None
+    return _Row(seq, time0, record.data, kind), count
 
 
 # -- reading a log ------------------------------------------------------------------------------
@@ -1128,7 +1139,8 @@ def _decode_lines(
 ) -> list[SessionEvent] | None:
     """Decode the complete lines ``data[start:end]`` at once, if all are the records expected.
 
-    The fast path of :func:`scan_log`: the lines are wrapped as ``[[line],[line],...]`` and
+    The second fast path of :func:`scan_log`, for runs of lines the compiled decoder does not
+    read (a lone surrogate escaped): the lines are wrapped as ``[[line],[line],...]`` and
     decoded in one call, which also shares one copy of each key among all the events. A line
     boundary can only separate the wrappers if every line is a complete JSON value (a string
     cannot span lines), and a wrapper must hold exactly one value, so a line is accepted here
@@ -1253,7 +1265,8 @@ class _Reader:
         if not earlier and (columns := _compiled_line(line, seq)) is not None:
             return columns
         events = _record_events(_parse(line, fresh_stack=self.fresh_stack), seq, earlier)
-        return [event.type for event in events], [event.time for event in events], [*events]
+        times = array("q", [event.time for event in events])
+        return [event.type for event in events], times, [*events]
 
     def add(self, columns: _Columns) -> None:
         self.events.extend_stored(*columns)
