@@ -23,6 +23,8 @@ from kai_session_checkpoint_policy.pytest_plugin import RecordingAdapter
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from kai_session_checkpoint_policy import JSONObject
+
 pytestmark = pytest.mark.anyio
 
 CHUNKS = 300
@@ -171,3 +173,33 @@ async def test_an_agent_reads_only_what_its_requests_need(tmp_path: Path) -> Non
             "assistant",
         ] * 3 + ["user"]
         host.sessions.detach(session)
+
+
+async def test_the_locks_kept_for_resumed_sessions_stay_within_max_open_sessions(
+    tmp_path: Path,
+) -> None:
+    closed: JSONObject = {"turn": 1, "reason": {"kind": "completed"}}
+    for number in range(4):
+        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+            session = host.sessions.create(f"s{number}")
+            session.append("turn/start", {"turn": 1})
+            session.append("turn/end", closed)
+    backend = JsonlSessionPersistence(tmp_path, max_open_sessions=2)
+    async with Host([backend], autoload=False) as host:
+        sessions = [await host.sessions.resume(f"s{number}") for number in range(4)]
+        other = JsonlSessionPersistence(tmp_path)
+        for number in (0, 1):  # the oldest gave their locks back
+            assert len((await other.load(f"s{number}")).events) == 2
+        for number in (2, 3):
+            with pytest.raises(SessionLockedError):
+                await other.load(f"s{number}")
+        for session in sessions:  # each writes on, whether it kept its lock or not
+            session.append("turn/start", {"turn": 2})
+            await host.sessions.flush(session)
+    for number in range(4):
+        stored = await JsonlSessionPersistence(tmp_path).load(f"s{number}")
+        assert [event.type for event in stored.events[:3]] == [
+            "turn/start",
+            "turn/end",
+            "turn/start",
+        ]

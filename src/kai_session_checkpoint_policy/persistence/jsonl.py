@@ -485,7 +485,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         held = self._take_held(session_id)
         if held is not None:  # locked since its recovery: as the recovery left it
             with self._recovered_lock:
-                _, held.size, held.count = self._recovered.pop(session_id)
+                self._recovered.pop(session_id, None)
             return held
         found = self._find(session_id)
         if found is not None and found.earlier:
@@ -578,8 +578,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 self._recovered.popitem(last=False)
             kept = log is not None and self._task_group is not None
             if log is not None and kept:
+                log.size, log.count = size, count
                 self._held[session_id] = log
-                while len(self._held) > self.max_open_sessions:
+                # Within max_open_sessions with the sessions whose files are open.
+                while len(self._held) > max(1, self.max_open_sessions - len(self._open)):
                     released.append(self._held.popitem(last=False)[1])
         for old in released:
             self._release(old)
@@ -692,18 +694,13 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         leftover = self.root / earlier_directory(session_id) / LOG_NAME
         unlocked: tuple[Scan, tuple[SessionEvent, ...]] | None = None
         held = self._take_held(session_id)  # loaded before, and not written since
-        in_host = self._task_group is not None
-        if (
-            held is None
-            and not in_host
-            and not _exists(directory / LOCK_NAME)
-            and not _exists(leftover)
-        ):
+        if held is None and not _exists(directory / LOCK_NAME) and not _exists(leftover):
             # No writer has held the session (writers create the lock file and never remove
             # it): read the log before creating one, so that a refused recovery, or one with
-            # nothing to do, leaves nothing behind. A change is made under the lock.
+            # nothing to do outside a host, leaves nothing behind. A change is made, and a
+            # lock kept for the session's first write in a host, under the lock.
             unlocked = scan, repair = self._read_log(path, session_id)
-            if not (scan.torn or repair or scan.salvaged):
+            if not (scan.torn or repair or scan.salvaged or self._task_group is not None):
                 self._remember(session_id, path, scan.committed_bytes, len(scan.events))
                 return StoredLog(scan.header, scan.events, (), 0, str(path))
         log = held or _Log(path, self._lock(session_id, directory))
