@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,18 +26,10 @@ import pytest
 from kai_session_checkpoint_policy import (
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
-    Agent,
-    Finish,
     Host,
-    LlmRequest,
     SessionEvent,
     SessionExistsError,
-    StreamChunk,
-    TextDelta,
-    Tool,
-    ToolExecution,
     policy,
-    tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
@@ -51,6 +43,7 @@ from kai_session_checkpoint_policy.persistence import (
     WriteBehind,
 )
 
+from .paying import paying_host, result_text
 from .persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
@@ -491,39 +484,20 @@ async def test_a_failed_write_keeps_its_batch_for_the_next_flush(kit: Kit) -> No
 
 async def test_a_failed_checkpoint_keeps_the_tool_body_from_running(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    bodies: list[str] = []
     faults = kit.failing()
-
-    async def model(request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
-        if len(request.messages) == 1:
-            faults.__enter__()  # the store fails from now on: the tool's checkpoint fails
-            for chunk in tool_call_block(0, "pay-1", "pay"):
-                yield chunk
-            yield Finish("tool-calls")
-        else:
-            yield TextDelta("done")
-            yield Finish("stop")
-
-    async def pay(execution: ToolExecution) -> str:
-        bodies.append(execution.call_id)
-        return "paid"
-
-    async with Host([backend, policy], autoload=False) as host:
-        host.llm.register_adapter("scripted", model)
-        host.tools.register(Tool("pay", pay))
-        session = host.sessions.create("fail-closed")
+    # The store fails from the model's first request on: the tool's checkpoint fails.
+    async with paying_host([backend, policy], faults.__enter__) as paying:
+        session = paying.host.sessions.create("fail-closed")
         try:
-            outcome = await Agent(host, session, provider="scripted", model="m").run_turn("pay")
+            outcome = await paying.turn(session)
         finally:
             faults.__exit__(None, None, None)
-        assert bodies == []
-        (result,) = [item for item in session.events if item.type == "tool/result"]
-        data: Any = result.data
-        text = data["message"]["content"][0]["content"][0]["text"]
+        assert paying.bodies == []
+        text = result_text(session)
         assert text.startswith("Error: ")
         assert text.endswith(kit.fault_text)
         assert outcome.reason["kind"] == "error"  # the next step's checkpoint failed too
-        await host.sessions.flush(session)
+        await paying.host.sessions.flush(session)
     assert kit.stored("fail-closed") == as_json(session.events)
 
 

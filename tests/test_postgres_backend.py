@@ -27,7 +27,6 @@ from kai_session_checkpoint_policy import (
     LlmRequest,
     Session,
     StreamChunk,
-    TextDelta,
     Tool,
     ToolExecution,
     policy,
@@ -43,6 +42,7 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.persistence.postgres_store import Batch, PostgresSessionStore
 
+from .paying import paying_host, result_text
 from .persistence_helpers import event
 from .postgres_server import PostgresServer
 
@@ -472,44 +472,28 @@ async def test_a_server_that_is_down_fails_checkpoints_within_a_bound_and_the_ho
     make: Any, postgres_server: PostgresServer, postgres_dsn: str
 ) -> None:
     backend = make(batch_window=60, pool_timeout=0.5, max_connections=1)
-    bodies: list[str] = []
     failed_after: list[float] = []
 
-    async def model(request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
-        if len(request.messages) == 1:
-            await anyio.to_thread.run_sync(postgres_server.stop)
-            for chunk in tool_call_block(0, "pay-1", "pay"):
-                yield chunk
-            yield Finish("tool-calls")
-        else:
-            yield TextDelta("done")
-            yield Finish("stop")
+    async def stop() -> None:
+        await anyio.to_thread.run_sync(postgres_server.stop)
 
-    async def pay(execution: ToolExecution) -> str:
-        bodies.append(execution.call_id)
-        return "paid"
-
-    async with Host([backend, policy], autoload=False) as host:
-        host.llm.register_adapter("scripted", model)
-        host.tools.register(Tool("pay", pay))
+    async with paying_host([backend, policy], stop) as paying:
+        host = paying.host
         session = host.sessions.create("down")
         try:
             started = time.monotonic()
-            outcome = await Agent(host, session, provider="scripted", model="m").run_turn("pay")
+            outcome = await paying.turn(session)
             failed_after.append(time.monotonic() - started)
         finally:
             await anyio.to_thread.run_sync(postgres_server.start)
-        assert bodies == []
-        (result,) = [item for item in session.events if item.type == "tool/result"]
-        data: Any = result.data
-        text = data["message"]["content"][0]["content"][0]["text"]
-        assert text.endswith("failed: couldn't get a connection after 0.50 sec")
+        assert paying.bodies == []
+        assert result_text(session).endswith("failed: couldn't get a connection after 0.50 sec")
         assert outcome.reason["kind"] == "error"
         assert failed_after[0] < 2 * 2 * 0.5 + 3.0  # two checkpoints, each bounded
 
         # Back up: the same host writes everything it holds, and goes on with a new turn.
         await host.sessions.flush(session)
-        outcome = await Agent(host, session, provider="scripted", model="m").run_turn("again")
+        outcome = await paying.turn(session, "again")
         await host.sessions.flush(session)
     assert outcome.reason == {"kind": "completed"}
     with psycopg.connect(postgres_dsn, autocommit=True) as admin:
@@ -553,30 +537,16 @@ async def test_connections_terminated_by_the_server_are_replaced_in_the_middle_o
     make: Any, admin: Admin, postgres_server: PostgresServer
 ) -> None:
     backend = make(batch_window=60)
-    bodies: list[str] = []
     terminated: list[int] = []
 
-    async def model(request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
-        if len(request.messages) == 1:
-            terminated.append(postgres_server.terminate_backends(APP))
-            for chunk in tool_call_block(0, "pay-1", "pay"):
-                yield chunk
-            yield Finish("tool-calls")
-        else:
-            yield TextDelta("done")
-            yield Finish("stop")
+    def terminate() -> None:
+        terminated.append(postgres_server.terminate_backends(APP))
 
-    async def pay(execution: ToolExecution) -> str:
-        bodies.append(execution.call_id)
-        return "paid"
-
-    async with Host([backend, policy], autoload=False) as host:
-        host.llm.register_adapter("scripted", model)
-        host.tools.register(Tool("pay", pay))
-        session = host.sessions.create("terminated")
-        outcome = await Agent(host, session, provider="scripted", model="m").run_turn("pay")
-        await host.sessions.flush(session)
+    async with paying_host([backend, policy], terminate) as paying:
+        session = paying.host.sessions.create("terminated")
+        outcome = await paying.turn(session)
+        await paying.host.sessions.flush(session)
     assert terminated[0] >= 1
     assert outcome.reason == {"kind": "completed"}
-    assert bodies == ["pay-1"]  # its checkpoint went through, on a new connection
+    assert paying.bodies == ["pay-1"]  # its checkpoint went through, on a new connection
     assert stored_seqs(admin, "terminated") == list(range(len(session.events)))
