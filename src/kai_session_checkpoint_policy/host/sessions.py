@@ -122,7 +122,7 @@ class SessionEvents(EventSequence):
             found = stored.select(types, start) if start < len(stored) else []
         else:
             found = [event for event in stored[start:] if event.type in types]
-        appended = islice(self._appended, max(start - len(stored), 0), self._count)
+        appended = self._appended[max(start - len(stored), 0) : self._count]
         return found + [event for event in appended if event.type in types]
 
 
