@@ -255,7 +255,7 @@ def _store_log(dsn: str, events: int) -> int:
     """Store the recovery log in the database with ``COPY``; return its size in bytes."""
     import psycopg
 
-    from kai_session_checkpoint_policy.persistence.postgres_store import PostgresSessionStore
+    from kai_session_checkpoint_policy.persistence.postgres.store import PostgresSessionStore
 
     PostgresSessionStore(dsn).close()  # creates the schema
     size = 0

@@ -39,15 +39,15 @@ from kai_session_checkpoint_policy.persistence import (
     encode_session_id,
     interrupted_turn_closers,
 )
-from kai_session_checkpoint_policy.persistence.format import (
+from kai_session_checkpoint_policy.persistence.jsonl.format import (
     NO_CWD,
-    SessionHeader,
     compress_frame,
     encode_events,
     encode_header,
     log_name,
     scan_log,
 )
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 from ._support import DEFAULT_FORMAT, FORMATS, summarize
 

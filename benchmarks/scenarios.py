@@ -29,7 +29,7 @@ from kai_session_checkpoint_policy import (
     tool_call_block,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, encode_session_id
-from kai_session_checkpoint_policy.persistence.format import NO_CWD, log_name
+from kai_session_checkpoint_policy.persistence.jsonl.format import NO_CWD, log_name
 from kai_session_checkpoint_policy.pytest_plugin import FlushRecorder
 
 from ._support import CHUNK_DATA, DEFAULT_FORMAT, FORMATS, Baseline, Summary, TimedFiles, summarize

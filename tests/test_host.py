@@ -38,7 +38,7 @@ pytestmark = pytest.mark.anyio
 POLICY = "session-checkpoint-policy"
 COMPANION = "session-checkpoint-policy-invariant"
 JSONL = "session-persistence-jsonl"
-JSONL_MODULE = "kai_session_checkpoint_policy.persistence.plugin"
+JSONL_MODULE = "kai_session_checkpoint_policy.persistence.jsonl.plugin"
 
 
 def jsonl_importable() -> bool:

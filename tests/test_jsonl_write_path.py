@@ -13,7 +13,7 @@ import pytest
 
 from kai_session_checkpoint_policy import Host
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, OsFiles
-from kai_session_checkpoint_policy.persistence import jsonl as jsonl_module
+from kai_session_checkpoint_policy.persistence.jsonl import backend as jsonl_module
 from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
 from .persistence_helpers import FailingFiles, GatedFiles

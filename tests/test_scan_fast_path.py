@@ -18,7 +18,7 @@ from kai_session_checkpoint_policy.events import (
     StoredDataError,
     encode_data,
 )
-from kai_session_checkpoint_policy.persistence import format as log_format
+from kai_session_checkpoint_policy.persistence import records
 from kai_session_checkpoint_policy.persistence.errors import PersistenceError
 from kai_session_checkpoint_policy.persistence.format import (
     MAX_TIME,
@@ -26,6 +26,7 @@ from kai_session_checkpoint_policy.persistence.format import (
     encode_events,
     encode_header,
 )
+from kai_session_checkpoint_policy.persistence.jsonl import format as log_format
 
 from .strategies import json_values
 
@@ -133,16 +134,16 @@ def _whole(event: SessionEvent) -> tuple[object, ...]:
 def test_the_fast_paths_scan_exactly_as_line_by_line(data: bytes, chunk: int) -> None:
     """Runs of lines decoded at once (by the compiled decoder, or else by the standard
     library's) find what decoding one line at a time finds."""
-    with mock.patch.object(log_format, "_BULK_BYTES", chunk):
+    with mock.patch.object(log_format, "RUN_BYTES", chunk):
         fast = _scan(data)
     with (
-        mock.patch.object(log_format, "_compiled_lines", return_value=False),
-        mock.patch.object(log_format, "_BULK_BYTES", chunk),
+        mock.patch.object(records, "_compiled_lines", return_value=False),
+        mock.patch.object(log_format, "RUN_BYTES", chunk),
     ):
         standard = _scan(data)
     with (
-        mock.patch.object(log_format, "_compiled_lines", return_value=False),
-        mock.patch.object(log_format, "_decode_lines", return_value=None),
+        mock.patch.object(records, "_compiled_lines", return_value=False),
+        mock.patch.object(records, "_decode_lines", return_value=None),
     ):
         slow = _scan(data)
     assert fast == standard == slow
@@ -167,5 +168,5 @@ def test_a_packed_log_is_read_by_the_fast_path() -> None:
     events.append(SessionEvent("assistant/message", 10, 1, {}, None, "append", tuple(range(10))))
     data = encode_header(SessionHeader("s", 1)) + encode_events(events, pack=True)
     assert data.count(b"\n") == 3  # the header, one row, the message
-    with mock.patch.object(log_format, "_parse", side_effect=AssertionError("line by line")):
+    with mock.patch.object(records, "_parse", side_effect=AssertionError("line by line")):
         assert log_format.scan_log(data, PATH).events == tuple(events)

@@ -24,7 +24,7 @@ from kai_session_checkpoint_policy.events import (
     SurfaceReplace,
     encode_data,
 )
-from kai_session_checkpoint_policy.persistence import format as log_format
+from kai_session_checkpoint_policy.persistence import records
 from kai_session_checkpoint_policy.persistence.format import (
     MAX_TIME,
     SessionHeader,
@@ -92,8 +92,8 @@ def test_events_read_lazily_equal_the_events_written_and_read_eagerly(
 ) -> None:
     lazy = read(events, pack=pack, zstd=zstd)
     with (
-        mock.patch.object(log_format, "_compiled_lines", return_value=False),
-        mock.patch.object(log_format, "_compiled_line", return_value=None),
+        mock.patch.object(records, "_compiled_lines", return_value=False),
+        mock.patch.object(records, "_compiled_line", return_value=None),
     ):
         eager = read(events, pack=pack, zstd=zstd)
     assert list(lazy) == events == list(eager)
@@ -162,8 +162,8 @@ def test_an_intact_log_is_read_by_the_compiled_decoder_alone(pack: bool, zstd: b
     ]
     slower = AssertionError("read by the standard library's decoder")
     with (
-        mock.patch.object(log_format, "_decode_lines", side_effect=slower),
-        mock.patch.object(log_format, "_parse", side_effect=slower),
+        mock.patch.object(records, "_decode_lines", side_effect=slower),
+        mock.patch.object(records, "_parse", side_effect=slower),
     ):
         stored = read(written, pack=pack, zstd=zstd)
     assert list(stored) == written

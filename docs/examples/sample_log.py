@@ -27,7 +27,7 @@ from kai_session_checkpoint_policy.demo import (
     make_payment_tool,
 )
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
-from kai_session_checkpoint_policy.persistence.format import LOG_NAME, NO_CWD
+from kai_session_checkpoint_policy.persistence.jsonl.format import LOG_NAME, NO_CWD
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z, in epoch milliseconds
 SESSION = "invoice-1042"

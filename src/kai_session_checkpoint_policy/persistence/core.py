@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
@@ -36,8 +37,8 @@ from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
 from ..hookspecs import hookimpl
 from .errors import LiveSessionError, SeqMismatchError
-from .format import SessionHeader
 from .repair import interrupted_turn_closers
+from .values import PersistenceStatistics, SessionHeader, StoredLog
 from .workers import run_in_worker
 
 if TYPE_CHECKING:
@@ -51,10 +52,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
+    "BatchWindow",
     "LogHandle",
     "PersistenceStatistics",
     "StoredLog",
     "WriteBehind",
+    "Writer",
     "check_batch",
 ]
 
@@ -62,42 +65,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_WINDOW: Final = 0.2
 """Seconds an admitted event may wait before a background batch writes it."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredLog:
-    """A session log as stored, and the repair that closes its open turn.
-
-    From ``inspect``, ``events`` are the stored events and ``repair`` the closers recovery
-    *would* append. From ``load``, ``events`` already end with ``repair``, which that call
-    appended. ``location`` names where the log is: a file, or a database and session.
-    """
-
-    header: SessionHeader
-    events: Sequence[SessionEvent]
-    repair: tuple[SessionEvent, ...]
-    torn_bytes: int
-    location: str
-
-    def __repr__(self) -> str:
-        # Not every event: a long log would take longer to show than to load.
-        return (
-            f"StoredLog(header={self.header!r}, events=<{len(self.events)} events>, "
-            f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
-            f"location={self.location!r})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PersistenceStatistics:
-    """Counters of one backend since it was created."""
-
-    sessions: int
-    """Live sessions with a writer (sessions that admitted events)."""
-    pending_events: int
-    """Events admitted and not yet durable."""
-    batches: int
-    """Batches made durable."""
 
 
 class LogHandle(Protocol):
@@ -108,6 +75,15 @@ class LogHandle(Protocol):
 
 
 H = TypeVar("H", bound=LogHandle)
+
+
+@dataclass(frozen=True, slots=True)
+class _WholeLog:
+    """A session known by its id and events alone: a log written whole
+    (:meth:`WriteBehind.write_log`)."""
+
+    id: str
+    events: Sequence[SessionEvent]
 
 
 class _Barrier:
@@ -121,20 +97,44 @@ class _Barrier:
         self.drained = False  # whether its leader saw the queue empty
 
 
+class BatchWindow:
+    """When a session's queued events are written at the latest: its window, and its timer.
+
+    A window opens with the first event queued after a batch was taken, and expires
+    :attr:`WriteBehind.batch_window` seconds later, never extended by later events. One timer
+    task per session serves its windows one after another.
+    """
+
+    __slots__ = ("deadline", "is_open", "number", "timer")
+
+    def __init__(self) -> None:
+        self.number = 0  # counts windows, so the timer can tell whether its window is still open
+        self.is_open = False
+        self.deadline = 0.0  # when the open window expires
+        self.timer: anyio.CancelScope | None = None  # of the task waiting for window deadlines
+
+    def open(self, seconds: float) -> None:
+        """Open a new window, expiring *seconds* from now."""
+        self.number += 1
+        self.is_open = True
+        self.deadline = anyio.current_time() + seconds
+
+    def close(self) -> None:
+        """Close the open window: its events are being written."""
+        self.is_open = False
+
+
 class Writer(Generic[H]):
     """The queue of one session, its single writing lane, and the backend's handle for it."""
 
     __slots__ = (
         "barrier",
-        "deadline",
         "lane",
         "log",
         "pending",
         "session",
         "session_id",
-        "timer",
         "window",
-        "window_open",
         "write_seconds",
     )
 
@@ -142,10 +142,7 @@ class Writer(Generic[H]):
         self.session = session
         self.session_id = session.id
         self.pending: list[SessionEvent] = []
-        self.window = 0  # counts windows, so the timer can tell whether its window is still open
-        self.window_open = False
-        self.deadline = 0.0  # when the open window expires
-        self.timer: anyio.CancelScope | None = None  # of the task waiting for window deadlines
+        self.window = BatchWindow()
         self.barrier: _Barrier | None = None
         # At most one write per session at a time; taken at once when free, without the
         # scheduler round a plain anyio.Lock makes.
@@ -163,9 +160,10 @@ class Writer(Generic[H]):
         """Whether a write or a flush of the session is under way."""
         return self.lane.locked() or self.barrier is not None
 
-    def window_is(self, window: int) -> bool:
-        """Whether *window* is the open window, and no flush is draining the queue."""
-        return self.window == window and self.window_open and self.barrier is None
+    def window_is(self, number: int) -> bool:
+        """Whether window *number* is the open one, and no flush is draining the queue."""
+        window = self.window
+        return window.number == number and window.is_open and self.barrier is None
 
 
 def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], where: str) -> None:
@@ -190,7 +188,7 @@ def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], wher
             )
 
 
-class WriteBehind(Generic[H]):
+class WriteBehind(ABC, Generic[H]):
     """The plugin half of a persistence backend: admit events, write batches, answer flushes.
 
     :param batch_window: Seconds an event may wait before a background batch writes it.
@@ -223,7 +221,7 @@ class WriteBehind(Generic[H]):
             writer = self._writers[session.id] = Writer(session)
         writer.session = session  # a session resumed under the same id continues the same log
         writer.pending.append(event)
-        if not writer.window_open and writer.barrier is None:
+        if not writer.window.is_open and writer.barrier is None:
             self._open_window(writer)
 
     @hookimpl
@@ -252,33 +250,33 @@ class WriteBehind(Generic[H]):
 
     # -- what the backend provides ----------------------------------------------------------------
 
+    @abstractmethod
     def session_exists(self, session_id: str) -> bool:
         """Whether the backend holds a log for *session_id*; answers at once."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def inspect(self, session_id: str) -> StoredLog:
         """Read a stored log and the repair recovery would add, changing nothing."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _ready(self, session_id: str, log: H | None) -> H:
         """Get the session's handle ready for a write (blocking): its durable count known."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _append(self, log: H, session_id: str, batch: Sequence[SessionEvent]) -> None:
         """Make *batch* durable after what *log* holds, all or nothing (blocking)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _release(self, log: H) -> None:
         """Let go of a handle: nothing is being written with it (quick; on the loop's thread)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _recover(self, session_id: str) -> StoredLog:
         """Read a stored log and make its repair durable (blocking)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _location(self, log: H) -> str:
         """Where *log* is stored, for messages."""
-        raise NotImplementedError
 
     def _may_write_inline(self, writer: Writer[H]) -> bool:
         """Whether an awaited write of *writer* may block the event loop's thread (never)."""
@@ -360,8 +358,8 @@ class WriteBehind(Generic[H]):
         if writer.log is not None:
             self._release(writer.log)
             writer.log = None
-        if writer.timer is not None:
-            writer.timer.cancel()  # its task holds the writer, and the writer the session
+        if writer.window.timer is not None:
+            writer.window.timer.cancel()  # its task holds the writer, and the writer the session
 
     def _open_window(self, writer: Writer[H]) -> None:
         """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
@@ -370,12 +368,11 @@ class WriteBehind(Generic[H]):
         """
         if self._task_group is None:
             return
-        writer.window += 1
-        writer.window_open = True
-        writer.deadline = anyio.current_time() + self.batch_window
-        if writer.timer is None:
-            writer.timer = anyio.CancelScope()
-            self._task_group.start_soon(self._window_timer, writer, writer.timer)
+        window = writer.window
+        window.open(self.batch_window)
+        if window.timer is None:
+            window.timer = anyio.CancelScope()
+            self._task_group.start_soon(self._window_timer, writer, window.timer)
 
     async def _flush(self, writer: Writer[H]) -> None:
         """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
@@ -407,7 +404,7 @@ class WriteBehind(Generic[H]):
         and its joiners drain on.
         """
         barrier = writer.barrier = _Barrier()
-        writer.window_open = False
+        writer.window.close()
         try:
             with anyio.CancelScope(shield=True):
                 await writer.lane.acquire()
@@ -435,23 +432,24 @@ class WriteBehind(Generic[H]):
         a session that flushes every few events does not start a task for every window. The
         task ends early (*scope* cancelled) when its session is released.
         """
-        window, deadline = writer.window, writer.deadline
+        window = writer.window
+        number, deadline = window.number, window.deadline
         try:
             with scope:
                 while True:
                     # Sleep even if a flush already took the window: a task that exited at
                     # once would be started again by the next event, for every flush.
                     await anyio.sleep_until(deadline)
-                    if writer.window_is(window):
+                    if writer.window_is(number):
                         async with writer.lane:
-                            if writer.window_is(window):  # no flush took it meanwhile
+                            if writer.window_is(number):  # no flush took it meanwhile
                                 await self._write_in_background(writer)
-                    if not writer.window_open:
+                    if not window.is_open:
                         return
-                    window, deadline = writer.window, writer.deadline
+                    number, deadline = window.number, window.deadline
         finally:
-            if writer.timer is scope:
-                writer.timer = None
+            if window.timer is scope:
+                window.timer = None
 
     async def _write_in_background(self, writer: Writer[H]) -> None:
         try:
@@ -474,7 +472,7 @@ class WriteBehind(Generic[H]):
         after it, with the batch durable.
         """
         batch, writer.pending = writer.pending, []
-        writer.window_open = False
+        writer.window.close()
         self._before_write(writer)
         written = False
 
@@ -509,6 +507,26 @@ class WriteBehind(Generic[H]):
         finally:
             took = time.perf_counter() - start
             writer.write_seconds = max(took, writer.write_seconds * 0.875)
+
+    async def write_log(self, session_id: str, events: Sequence[SessionEvent]) -> None:
+        """Store *events*, a whole log from seq 0, as the new session *session_id*: all of it,
+        or nothing.
+
+        The backend's own write path: its lock or lease, the seq check (which refuses a log
+        stored meanwhile), one durable batch; then the handle is let go. A write started is
+        finished, whatever cancels the caller meanwhile.
+
+        :raises SessionExistsError: if the store holds the session already.
+        :raises LiveSessionError: if the session is live here.
+        """
+        if session_id in self._writers:
+            raise LiveSessionError(f"cannot write session {session_id!r} whole: it is live here")
+        writer: Writer[H] = Writer(_WholeLog(session_id, events))
+        try:
+            await run_in_worker(partial(self._write_batch, writer, events))
+        finally:
+            if writer.log is not None:
+                self._release(writer.log)
 
     # -- loading ----------------------------------------------------------------------------------
 

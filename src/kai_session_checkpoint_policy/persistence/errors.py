@@ -9,11 +9,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CorruptLogError",
+    "CorruptRecordError",
+    "DatabaseError",
+    "DuplicateLogError",
     "InvalidSessionIdError",
     "LeaseLostError",
     "LiveSessionError",
+    "LogChangedError",
+    "MisplacedLogError",
     "NotARegularFileError",
     "PersistenceError",
+    "RecoveryRequiredError",
     "RollbackError",
     "SeqMismatchError",
     "SessionLockedError",
@@ -65,6 +71,46 @@ class CorruptLogError(PersistenceError):
         self.problem = problem
         self.seq = seq
         self.byte = byte
+
+
+class CorruptRecordError(CorruptLogError):
+    """A stored event of a log in a database is damaged; nothing was changed.
+
+    ``location`` names the database and the session, ``seq`` the damaged event.
+    """
+
+    def __init__(self, location: str, seq: int, problem: str) -> None:
+        PersistenceError.__init__(self, f"corrupt session log {location}, seq {seq}: {problem}")
+        self.location = location
+        self.line = None
+        self.byte = None
+        self.seq = seq
+        self.problem = problem
+
+
+class DuplicateLogError(PersistenceError):
+    """A session has logs in two places (two project directories, or both a plain and a
+    compressed log); neither was read or written."""
+
+
+class MisplacedLogError(PersistenceError):
+    """A log's header names another session, or a place other than where the log is (a log
+    copied or moved by hand); it was not read or written as the session asked for."""
+
+
+class RecoveryRequiredError(PersistenceError):
+    """A log must be loaded with recovery before it is written to: it ends in a torn tail, or
+    is in this project's earlier format; nothing was written."""
+
+
+class LogChangedError(PersistenceError):
+    """A log changed under its writer (another process wrote or cut it while this one held
+    what it had written); nothing more was written."""
+
+
+class DatabaseError(PersistenceError):
+    """A database call failed, or the database could not be reached in time; the driver's
+    exception is the cause. A batch that failed this way stays queued for the next flush."""
 
 
 class UnsupportedFormatError(PersistenceError):

@@ -9,22 +9,16 @@ for a PostgreSQL URL.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..contract import SessionExistsError
-from .core import DEFAULT_BATCH_WINDOW, Writer
-from .jsonl import JsonlSessionPersistence
-from .workers import run_in_worker
+from .core import DEFAULT_BATCH_WINDOW
+from .jsonl.backend import JsonlSessionPersistence
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from ..events import SessionEvent
-    from .core import StoredLog
-    from .postgres import PostgresSessionPersistence
+    from .postgres.backend import PostgresSessionPersistence
+    from .values import StoredLog
 
 __all__ = [
     "POSTGRES_SCHEMES",
@@ -60,7 +54,7 @@ def open_store(
     :raises ValueError: if *lease_ttl* is given for a directory, which has no leases.
     """
     if is_postgres_url(url):
-        from .postgres import DEFAULT_LEASE_TTL, PostgresSessionPersistence
+        from .postgres.backend import DEFAULT_LEASE_TTL, PostgresSessionPersistence
 
         assert isinstance(url, str)
         ttl = DEFAULT_LEASE_TTL if lease_ttl is None else lease_ttl
@@ -94,14 +88,6 @@ def display_url(url: str | os.PathLike[str]) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Copied:
-    """A session log as a backend's writer reads it: its id and events."""
-
-    id: str
-    events: Sequence[SessionEvent]
-
-
 async def copy_session(source: Store, target: Store, session_id: str) -> StoredLog:
     """Recover *session_id* in *source*, then write its whole log to *target* as a new session.
 
@@ -114,12 +100,5 @@ async def copy_session(source: Store, target: Store, session_id: str) -> StoredL
     if target.session_exists(session_id):
         raise SessionExistsError(f"session {session_id!r} already exists in the target store")
     log = await source.load(session_id)
-    writer: Writer[Any] = Writer(_Copied(session_id, log.events))
-    try:
-        # The backend's own write path: lock or lease, the seq check (which refuses a log
-        # created meanwhile), the write; then the handle is let go.
-        await run_in_worker(partial(target._write_batch, writer, log.events))
-    finally:
-        if writer.log is not None:
-            target._release(writer.log)
+    await target.write_log(session_id, log.events)
     return log

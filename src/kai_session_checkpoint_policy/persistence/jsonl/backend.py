@@ -1,10 +1,10 @@
 """The JSONL persistence backend: one log file per session, a batch per write and fsync.
 
 The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
-(:mod:`.core`); this module makes a batch durable in a file and reads logs back. A failed write
-or fsync truncates the partial bytes away and keeps the batch queued for the next flush; after
-a failure the file is reopened and re-read before the next write, so a failed fsync is never
-taken for success.
+(:mod:`..core`), the file format :mod:`.format`'s; this module makes a batch durable in a
+file and reads logs back. A failed write or fsync truncates the partial bytes away and keeps
+the batch queued for the next flush; after a failure the file is reopened and re-read before
+the next write, so a failed fsync is never taken for success.
 
 Where a write runs: a background batch always runs in a worker thread, since nobody waits for
 it (a failed one is tried again in the next window). A flush that a caller awaits appends on
@@ -29,51 +29,58 @@ from dataclasses import dataclass
 from functools import partial
 from os import scandir as os_scandir
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn, final
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ..hookspecs import hookimpl
-from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind, Writer
-from .errors import (
+from ...hookspecs import hookimpl
+from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, Writer
+from ..errors import (
     CorruptLogError,
+    DuplicateLogError,
     InvalidSessionIdError,
+    LogChangedError,
+    MisplacedLogError,
     PersistenceError,
+    RecoveryRequiredError,
     RollbackError,
     SessionLockedError,
     SessionNotFoundError,
 )
+from ..ids import NO_CWD, earlier_directory, encode_session_id, project_directory
+from ..repair import repair_of
+from ..values import (
+    PersistenceStatistics,
+    SessionHeader,
+    SessionListing,
+    SessionProblem,
+    StoredLog,
+)
+from ..workers import loop_is_idle
 from .files import LockedError, OsFiles
 from .format import (
     COMPRESSIONS,
     LOCK_NAME,
     LOG_NAME,
-    NO_CWD,
     ZSTD_LOG_NAME,
     Compression,
     Scan,
-    SessionHeader,
     compress_frame,
-    earlier_directory,
     encode_events,
     encode_header,
-    encode_session_id,
-    project_directory,
     read_header,
     salvage,
     scan_log,
 )
-from .repair import repair_of
-from .workers import loop_is_idle
 
 if TYPE_CHECKING:
     import os
     from collections.abc import Sequence
 
-    from ..contract import SessionLogLike
-    from ..events import SessionEvent
+    from ...contract import SessionLogLike
+    from ...events import SessionEvent
 
 __all__ = [
     "DEFAULT_COMPRESSION",
@@ -81,8 +88,6 @@ __all__ = [
     "DEFAULT_PACK_CHUNKS",
     "JsonlSessionPersistence",
     "JsonlStatistics",
-    "SessionListing",
-    "SessionProblem",
 ]
 
 logger = logging.getLogger(__name__)
@@ -106,28 +111,7 @@ def _default_max_open_sessions() -> int:
     return max(4, soft // 8)
 
 
-@dataclass(frozen=True, slots=True)
-class SessionProblem:
-    """A session under the root that cannot be listed: its directory, and why."""
-
-    directory: Path
-    error: PersistenceError | OSError
-
-
-@dataclass(frozen=True, slots=True)
-class SessionListing:
-    """What :meth:`~JsonlSessionPersistence.scan_sessions` found under a root.
-
-    ``headers`` are those of the intact sessions, oldest first; ``problems`` the sessions whose
-    log cannot be read (corrupt, unsupported, not a regular file, unreadable), by directory.
-    """
-
-    headers: tuple[SessionHeader, ...]
-    problems: tuple[SessionProblem, ...]
-    logs: tuple[Path, ...] = ()
-    """The log file of each of ``headers``, in the same order."""
-
-
+@final
 @dataclass(frozen=True, slots=True)
 class JsonlStatistics(PersistenceStatistics):
     """Counters of a JSONL backend since it was created."""
@@ -327,7 +311,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 if (log := self._log_in(self._session_directory(project, session_id)))
             ]
             if len(matches) > 1:
-                raise PersistenceError(
+                raise DuplicateLogError(
                     f"session {session_id!r} has logs in several project directories: "
                     f"{', '.join(str(match) for match in matches)}"
                 )
@@ -361,7 +345,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         plain, compressed = directory / LOG_NAME, directory / ZSTD_LOG_NAME
         has_plain, has_compressed = _exists(plain), _exists(compressed)
         if has_plain and has_compressed:
-            raise PersistenceError(
+            raise DuplicateLogError(
                 f"{directory} holds both {LOG_NAME} and {ZSTD_LOG_NAME}; a session has one log"
             )
         return plain if has_plain else compressed if has_compressed else None
@@ -376,7 +360,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         else:
             expected = self.root / project_directory(header.cwd) / encode_session_id(header.id)
         if path.parent != expected:
-            raise PersistenceError(
+            raise MisplacedLogError(
                 f"{path}: its header's id {header.id!r} and working directory {header.cwd!r} "
                 f"belong at {expected}; refusing to read it as stored elsewhere"
             )
@@ -489,7 +473,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             return held
         found = self._find(session_id)
         if found is not None and found.earlier:
-            raise PersistenceError(
+            raise RecoveryRequiredError(
                 f"session {session_id!r} has a log in this project's earlier format at "
                 f"{found.path}; load it with recovery first, which converts it"
             )
@@ -504,7 +488,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             if found is not None and not self._adopt(log, session_id):
                 self._verify(log, session_id)
             elif (other := self._find(session_id)) is not None and other.path != path:
-                raise PersistenceError(  # another writer created it meanwhile, elsewhere
+                raise DuplicateLogError(  # another writer created it meanwhile, elsewhere
                     f"session {session_id!r} already has a log at {other.path}"
                 )
         except BaseException:
@@ -541,16 +525,21 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         data = self._read(log.path, session_id)
         if log.suspect:
             if len(data) < log.size:
-                raise PersistenceError(
+                raise LogChangedError(
                     f"{log.path} is {len(data)} bytes long, shorter than the {log.size} bytes "
                     "known durable"
                 )
             data = data[: log.size]
         scan = self._scan_session(data, log.path, session_id)
-        if scan.torn or (log.suspect and len(scan.events) != log.count):
-            raise PersistenceError(
+        if scan.torn:
+            raise RecoveryRequiredError(
                 f"{log.path} ends in {len(scan.torn)} bytes that are not complete events; "
                 "load the session with recovery before writing to it"
+            )
+        if log.suspect and len(scan.events) != log.count:
+            raise LogChangedError(
+                f"{log.path} holds {len(scan.events)} events in the {log.size} bytes known "
+                f"durable, where {log.count} were written; another process changed it"
             )
         fd = self.files.open_append(log.path)
         try:
@@ -624,7 +613,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 log.fd = self.files.open_append(log.path)
                 size = self.files.size(log.fd)
                 if size != log.size:
-                    raise PersistenceError(
+                    raise LogChangedError(
                         f"{log.path} changed while its files were closed: it holds {size} "
                         f"bytes where {log.size} were written; another process wrote it"
                     )
@@ -834,7 +823,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                     log = listed
                     header = self._listed_header(log)
                     if header.id in seen:
-                        raise PersistenceError(
+                        raise DuplicateLogError(
                             f"session {header.id!r} has logs in several project directories: "
                             f"{seen[header.id]} and {log}"
                         )
@@ -867,7 +856,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         or a place other than where it is."""
         scan = scan_log(data, path)
         if scan.header.id != session_id:
-            raise PersistenceError(
+            raise MisplacedLogError(
                 f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
                 "refusing to read or change it as that session"
             )

@@ -1,9 +1,9 @@
 """The PostgreSQL persistence backend: sessions that any of many hosts can pick up.
 
 The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
-(:mod:`.core`), as for JSONL; this module makes a batch durable in a database transaction and
-reads logs back, through the blocking store of :mod:`.postgres_store`, called from worker
-threads (:func:`~.workers.run_in_worker`, on asyncio and on trio alike).
+(:mod:`..core`), as for JSONL; this module makes a batch durable in a database transaction and
+reads logs back, through the blocking store of :mod:`.store`, called from worker threads
+(:func:`~..workers.run_in_worker`, on asyncio and on trio alike).
 
 **Leases.** A host writes a session only while it holds the session's lease: it takes the lease
 with the session's first write (learning the durable count), renews all of its leases in one
@@ -15,27 +15,23 @@ write is refused too once the lease is known lost. A lease that expired while no
 over (the database was down, the host was paused) is renewed at the next write, and the
 session goes on. Loading a session takes its lease for the recovery, and gives it up after.
 
-**Group commit.** A batch is one transaction. Batches of different sessions due at the same
-moment share one: the first writer commits what is queued, and those that arrive meanwhile
-are committed together by the next, so 100 sessions checkpointing at once cost a few
-transactions, not 100. If the shared transaction refuses one batch (a lease lost, a seq that
-does not follow), each batch is written again in a transaction of its own, so that the refusal
-reaches only its session.
+**Group commit.** A batch is one transaction; batches of different sessions due at the same
+moment share one (:mod:`.group_commit`).
 
 **Failure.** Every call is bounded (see :class:`PostgresSessionPersistence`): a database that is
 down or restarting makes a flush fail, keeping its batch queued; once it is back, the next
 flush writes the batch, and one whose acknowledgement was lost is recognised, never written
-twice (:meth:`~.postgres_store.PostgresSessionStore.append_many`).
+twice (:meth:`~.store.PostgresSessionStore.append_many`).
 
 Each event is stored as the exact text of :meth:`SessionEvent.encode()
-<kai_session_checkpoint_policy.SessionEvent.encode>`, and read back with the JSONL format's own
-decoders of lines, so a log copied between the two backends reads the same in both.
+<kai_session_checkpoint_policy.SessionEvent.encode>`, and read back with the decoders of
+:mod:`..records` that the JSONL backend reads its lines with, so a log copied between the two
+backends reads the same in both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import secrets
@@ -45,46 +41,41 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, final
 
 import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..events import StoredEvents
-from .core import DEFAULT_BATCH_WINDOW, PersistenceStatistics, StoredLog, WriteBehind
-from .errors import (
-    CorruptLogError,
+from ...events import StoredEvents
+from ..core import DEFAULT_BATCH_WINDOW, WriteBehind
+from ..errors import (
+    CorruptRecordError,
     LeaseLostError,
     PersistenceError,
-    SeqMismatchError,
     UnsupportedFormatError,
 )
-from .format import (
-    RecordError,
-    _collector_paused,
-    _compiled_lines,
-    _decode_lines,
-    decode_event,
-    encode_session_id,
-)
-from .jsonl import SessionListing
-from .postgres_store import DEFAULT_SCHEMA, Batch, PostgresSessionStore, _seconds
-from .repair import repair_of
-from .workers import run_in_worker
+from ..ids import check_session_id
+from ..options import check_seconds
+from ..records import RecordError, collector_paused, decode_event, decode_run
+from ..repair import repair_of
+from ..values import PersistenceStatistics, SessionListing, StoredLog
+from ..workers import run_in_worker
+from .group_commit import GroupCommit
+from .schema import DEFAULT_SCHEMA
+from .store import Batch, PostgresSessionStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
-    from ..events import SessionEvent
-    from .core import Writer
-    from .format import SessionHeader
-    from .postgres_store import Lease
+    from ...events import SessionEvent
+    from ..core import Writer
+    from ..values import SessionHeader
+    from .store import Lease
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "RENEWALS_PER_TTL",
-    "CorruptRecordError",
     "PostgresSessionPersistence",
     "PostgresStatistics",
 ]
@@ -97,6 +88,7 @@ RENEWALS_PER_TTL: Final = 3
 """How often a lease is renewed within its ttl: a host may miss two renewals in a row."""
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class PostgresStatistics(PersistenceStatistics):
     """Counters of a PostgreSQL backend since it was created."""
@@ -105,19 +97,6 @@ class PostgresStatistics(PersistenceStatistics):
     """Transactions that made batches durable (batches of several sessions may share one)."""
     leases: int
     """Leases held now, on the live sessions that wrote."""
-
-
-class CorruptRecordError(CorruptLogError):
-    """A stored event of a log in the database is damaged; nothing was changed.
-
-    ``location`` names the database and the session, ``seq`` the damaged event.
-    """
-
-    def __init__(self, location: str, seq: int, problem: str) -> None:
-        PersistenceError.__init__(self, f"corrupt session log {location}, seq {seq}: {problem}")
-        self.location = location
-        self.seq = seq
-        self.problem = problem
 
 
 class _Lease:
@@ -130,85 +109,6 @@ class _Lease:
         self.count = count  # durable events: the seq the next event must have
         self.lost: LeaseLostError | None = None  # set once the lease is known taken over
         self.valid_until = valid_until  # monotonic time before which the lease surely holds
-
-
-class _Queued:
-    """One session's batch waiting for a group commit, and what became of it."""
-
-    __slots__ = ("alone", "batch", "done", "error", "wake")
-
-    def __init__(self, batch: Batch) -> None:
-        self.batch = batch
-        self.wake = threading.Event()  # set once done, or to lead the next commit
-        self.done = False
-        self.alone = False  # the shared transaction refused a batch: write this one on its own
-        self.error: BaseException | None = None
-
-
-class _GroupCommit:
-    """Commits the batches that worker threads hand it, those queued together in one transaction.
-
-    A thread that finds no commit in progress commits everything queued, its own batch
-    included. Threads that arrive meanwhile queue up and wait; when the commit is over, its
-    leader wakes the threads whose batches it wrote, and the first of those queued since, who
-    commits all of them. Nothing waits for company: a lone batch is committed at once.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: list[_Queued] = []
-        self._committing = False
-        self.transactions = 0
-
-    def append(self, store: PostgresSessionStore, batch: Batch) -> None:
-        """Make *batch* durable, maybe in one transaction with batches of other sessions."""
-        mine = _Queued(batch)
-        with self._lock:
-            self._queue.append(mine)
-            leader = not self._committing
-            self._committing = True
-        if not leader:
-            mine.wake.wait()
-            leader = not mine.done  # woken to lead the next commit
-        if leader:
-            with self._lock:
-                group, self._queue = self._queue, []
-            try:
-                self._commit(store, group)
-            finally:
-                with self._lock:
-                    successor = self._queue[0] if self._queue else None
-                    self._committing = successor is not None
-                for queued in group:
-                    queued.wake.set()
-                if successor is not None:
-                    successor.wake.set()
-        if mine.alone:
-            store.append_many([batch])
-            with self._lock:
-                self.transactions += 1
-        elif mine.error is not None:
-            if leader:
-                raise mine.error
-            raise copy.copy(mine.error) from mine.error  # an exception of this thread's own
-
-    def _commit(self, store: PostgresSessionStore, group: list[_Queued]) -> None:
-        try:
-            store.append_many([queued.batch for queued in group])
-        except (LeaseLostError, SeqMismatchError) as refused:
-            # Nothing was written; the error names one session. The others go on alone.
-            for queued in group:
-                queued.alone = len(group) > 1
-                queued.error = None if queued.alone else refused
-        except Exception as exc:
-            for queued in group:
-                queued.error = exc
-        else:
-            with self._lock:
-                self.transactions += 1
-        finally:
-            for queued in group:
-                queued.done = True
 
 
 _DECODED_AT_ONCE: Final = 4096
@@ -226,14 +126,11 @@ def _decode_records(records: Iterable[str], location: str) -> StoredEvents:
     """
     events = StoredEvents()
     lines = iter(records)
-    with _collector_paused():  # as when reading a log file: a million events, few collections
+    with collector_paused():  # as when reading a log file: a million events, few collections
         while run := list(islice(lines, _DECODED_AT_ONCE)):
             data = ("\n".join(run) + "\n").encode("utf-8", "surrogatepass")
-            if not _compiled_lines(events, data, 0, len(data)):
-                decoded = _decode_lines(data, 0, len(data), len(events), False)
-                events.extend(
-                    decoded if decoded is not None else _decode_each(run, len(events), location)
-                )
+            if not decode_run(events, data, 0, len(data)):
+                events.extend(_decode_each(run, len(events), location))
     return events
 
 
@@ -307,9 +204,9 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         chosen: object = owner if owner is not None else _default_owner()
         if not isinstance(chosen, str) or not chosen:
             raise ValueError(f"owner must be a non-empty string, not {chosen!r}")
-        super().__init__(batch_window=_seconds("batch_window", batch_window))
+        super().__init__(batch_window=check_seconds("batch_window", batch_window))
         self.dsn: Final = dsn
-        self.lease_ttl: Final = _seconds("lease_ttl", lease_ttl)
+        self.lease_ttl: Final = check_seconds("lease_ttl", lease_ttl)
         self.owner: Final = chosen
         self.store: Final = PostgresSessionStore(
             dsn,
@@ -323,7 +220,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         """The blocking store the backend calls from worker threads."""
         self.where: Final = f"PostgreSQL {self.store.where}, schema {schema!r}"
         """Where the sessions are, for messages: database, host, port, schema (no password)."""
-        self._group = _GroupCommit()
+        self._group = GroupCommit()
         self._held: dict[_Lease, None] = {}  # the leases the renewer keeps, in order
         self._unreleased: list[Lease] = []  # leases to give up
         self._lease_statements = threading.Lock()  # a renewal and a release never cross
@@ -334,7 +231,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     def session_exists(self, session_id: str) -> bool:
         """Whether the database holds a log for *session_id* (one query, from this thread)."""
-        encode_session_id(session_id)
+        check_session_id(session_id)
         return self.store.exists(session_id)
 
     def statistics(self) -> PostgresStatistics:
@@ -528,13 +425,13 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         return await super().load(session_id)
 
     def _inspect(self, session_id: str) -> StoredLog:
-        encode_session_id(session_id)
+        check_session_id(session_id)
         header, events = self._read(self.store, session_id)
         repair = self._repair(session_id, events)
         return StoredLog(header, events, repair, 0, self._location_of(session_id))
 
     def _recover(self, session_id: str) -> StoredLog:
-        encode_session_id(session_id)
+        check_session_id(session_id)
         store = self._writable()
         lease = store.acquire(session_id, self.owner, self.lease_ttl)
         try:

@@ -1,0 +1,117 @@
+"""The PostgreSQL backend's schema: its tables, their migrations, and the batch statement.
+
+Tables, in a schema of the store's own (``kai_sessions`` unless configured)::
+
+    schema_version(version integer primary key, applied_at timestamptz)
+    sessions(session_id text primary key, created_at bigint, version integer)
+    events(session_id text references sessions, seq bigint, type text, time bigint,
+           record text, primary key (session_id, seq))
+    leases(session_id text primary key, owner text, epoch bigint, expires_at timestamptz)
+
+``events.record`` is the event's record exactly as :mod:`..records` encodes it (one
+:meth:`SessionEvent.encode() <kai_session_checkpoint_policy.SessionEvent.encode>` line, never a
+packed row), stored as text so that it reads back byte for byte; ``type`` and ``time`` repeat two
+of its fields for queries. A session's header is its ``sessions`` row, created with its first
+batch. Statements name the schema as ``{schema}``, filled in by the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+__all__ = [
+    "APPEND_AT_ONCE",
+    "DEFAULT_SCHEMA",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "check_schema_name",
+    "migration_lock_key",
+]
+
+DEFAULT_SCHEMA: Final = "kai_sessions"
+
+_IDENTIFIER: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (  # 1: the tables
+        "CREATE SCHEMA IF NOT EXISTS {schema}",
+        """CREATE TABLE {schema}.schema_version (
+            version integer PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+        )""",
+        """CREATE TABLE {schema}.sessions (
+            session_id text PRIMARY KEY,
+            created_at bigint NOT NULL,
+            version integer NOT NULL
+        )""",
+        """CREATE TABLE {schema}.events (
+            session_id text NOT NULL REFERENCES {schema}.sessions,
+            seq bigint NOT NULL CHECK (seq >= 0),
+            type text NOT NULL,
+            time bigint NOT NULL,
+            record text NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""",
+        """CREATE TABLE {schema}.leases (
+            session_id text PRIMARY KEY,
+            owner text NOT NULL,
+            epoch bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        )""",
+    ),
+)
+"""Each entry takes the schema from the version before it to the next; never edit one."""
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+"""The schema version this release writes."""
+APPEND_AT_ONCE: Final = """
+    WITH batch AS (
+        SELECT * FROM unnest(%(sessions)b::text[], %(owners)b::text[], %(epochs)b::bigint[],
+                             %(expected)b::bigint[], %(created)b::bigint[])
+            AS batch(session_id, owner, epoch, expected, created_at)
+    ), held AS (
+        SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
+        WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
+          AND lease.expires_at > clock_timestamp()
+        ORDER BY lease.session_id
+        FOR UPDATE OF lease
+    ), ready AS (
+        SELECT batch.* FROM batch JOIN held USING (session_id)
+        WHERE batch.expected = coalesce(
+            (SELECT max(seq) + 1 FROM {schema}.events WHERE session_id = batch.session_id), 0)
+    ), new_sessions AS (
+        INSERT INTO {schema}.sessions (session_id, created_at, version)
+        SELECT session_id, created_at, %(version)s FROM ready WHERE expected = 0
+    ), written AS (
+        INSERT INTO {schema}.events (session_id, seq, type, time, record)
+        SELECT * FROM unnest(%(row_sessions)b::text[], %(seqs)b::bigint[], %(types)b::text[],
+                             %(times)b::bigint[], %(records)b::text[])
+            AS event(session_id, seq, type, time, record)
+        WHERE event.session_id IN (SELECT session_id FROM ready)
+    )
+    SELECT 1 / (SELECT CASE count(*) WHEN %(count)s THEN 1 ELSE 0 END FROM ready)
+"""
+"""Every batch in one statement, if every lease and every stored count is as expected; else
+a division by zero, which undoes the statement
+(:meth:`~.store.PostgresSessionStore.append_many`)."""
+
+
+def migration_lock_key(schema: str) -> int:
+    """The advisory lock key that serializes migrations of *schema* (a signed 64-bit int)."""
+    digest = hashlib.sha256(f"kai-session-store:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def check_schema_name(schema: object) -> str:
+    """*schema*, if it is a plain lowercase SQL identifier.
+
+    :raises ValueError: if it is not.
+    """
+    if not isinstance(schema, str) or not _IDENTIFIER.fullmatch(schema):
+        raise ValueError(
+            f"schema must be a plain lowercase SQL identifier (letters, digits and "
+            f"underscores, at most 63, not starting with a digit), not {schema!r}"
+        )
+    return schema

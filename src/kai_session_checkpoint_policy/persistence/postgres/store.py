@@ -1,0 +1,846 @@
+"""The PostgreSQL session store: schema, leases and batches, as blocking calls.
+
+Every method blocks: an async backend calls them from worker threads (each call takes its own
+connection from the store's pool, so calls from several threads run at once). The store never
+imports the policy, the host or the command line.
+
+The tables and their migrations are :mod:`.schema`'s.
+
+**Leases.** One writer per session across machines: a writer holds the session's lease (owner,
+epoch, expiry), renews it, and every batch is checked against it in the batch's own transaction
+(fencing). Expiry is by the *database server's* clock (``clock_timestamp()``), so it means the
+same to every machine, and a lease expires by time even while its holder's connection stays
+open. Taking over an expired lease increments the epoch; its holder may renew a lease that
+expired as long as nobody took it over (no other writer has held that epoch). The lease row is
+locked (``FOR UPDATE``) by each batch, so a takeover waits for a batch in flight to commit;
+every statement that locks the row has a ``lock_timeout``, and the server ends a transaction
+that stays idle (``idle_in_transaction_session_timeout``), so a writer paused inside a batch
+can delay a takeover but never block it forever.
+
+**Batches.** A batch is one transaction that checks the lease, checks that the stored log holds
+exactly the events before the batch, and inserts the batch; the primary key makes a duplicate
+seq impossible. If the acknowledgement of a commit is lost (the connection drops after the
+``COMMIT`` was sent), the caller cannot tell whether the batch is durable, so it sends it again:
+a batch whose events are already stored, record for record, is acknowledged without writing
+anything again, and one that differs from what is stored is refused. The store makes that
+retry itself, once, when a call fails because its connection broke (a connection left over from
+before a server restart, or a backend that was terminated); otherwise the error is raised.
+
+**Bounded failure.** Connecting has ``connect_timeout``, waiting for a pooled connection has the
+pool's ``timeout``, and every statement has ``statement_timeout``: a server that is down or
+unreachable makes a call fail within about ``pool_timeout`` seconds, and once the server is back
+the same store works again.
+
+**Reading changes nothing.** A store opened with ``migrate=False`` creates no schema: on a
+database without one, it holds no sessions; :meth:`PostgresSessionStore.migrate` creates it
+when the first write needs it. Reads stream the records from a server-side cursor, a chunk at a
+time, so a long log is never held twice in memory.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+from ..errors import (
+    DatabaseError,
+    LeaseLostError,
+    SeqMismatchError,
+    SessionLockedError,
+    SessionNotFoundError,
+    UnsupportedFormatError,
+)
+from ..ids import check_session_id
+from ..options import check_seconds
+from ..values import FORMAT_VERSION, SessionHeader
+from .schema import (
+    APPEND_AT_ONCE,
+    DEFAULT_SCHEMA,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_schema_name,
+    migration_lock_key,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+    from datetime import datetime
+
+    from psycopg.rows import TupleRow
+
+    from ...events import SessionEvent
+
+    _Connection: TypeAlias = psycopg.Connection[TupleRow]
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "SCHEMA_VERSION",
+    "Batch",
+    "Lease",
+    "PostgresSessionStore",
+    "StoredRecords",
+    "migration_lock_key",
+]
+
+_T = TypeVar("_T")
+
+
+class _NotAtOnce(Exception):
+    """A batch could not be written by the one statement: a lease or a count was not as
+    expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A writer's lease on one session, as the database granted it."""
+
+    session_id: str
+    owner: str
+    epoch: int
+    """Incremented by every takeover: a batch is accepted only under the current epoch."""
+    expires_at: datetime
+    """When the lease expires, by the database server's clock (time zone aware)."""
+    ttl: float
+    """Seconds each grant or renewal lasts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Events to append to one session: seqs ``expected_count`` onwards, under *lease*."""
+
+    lease: Lease
+    expected_count: int
+    """How many events the stored log must hold before these."""
+    events: Sequence[SessionEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecords:
+    """A stored session: its header, and each event's log line in seq order."""
+
+    header: SessionHeader
+    records: tuple[str, ...]
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+class PostgresSessionStore:
+    """Sessions, their events and their leases in one PostgreSQL schema.
+
+    Creating a store opens its connection pool and creates or migrates the schema; close it
+    with :meth:`close` (or use it as a context manager). With ``open=False`` it only checks its
+    options: the database is contacted on the first call, and the schema is created only by
+    :meth:`migrate` (until then, a database without the schema holds no sessions).
+
+    :param dsn: A libpq connection string or ``postgresql://`` URI.
+    :param schema: The schema that holds the tables: a plain lowercase SQL identifier.
+    :param max_connections: The most connections the pool opens at once.
+    :param connect_timeout: Seconds a connection attempt may take (libpq rounds up to whole
+        seconds, at least 2).
+    :param pool_timeout: Seconds a call waits for a connection from the pool; with the server
+        down, a call fails after this long.
+    :param statement_timeout: Seconds any one statement may run on the server.
+    :param lock_timeout: Seconds a statement may wait for a lock (a lease row that a batch in
+        flight holds, a seq that another transaction is inserting).
+    :param idle_in_transaction_timeout: Seconds the server lets one of the store's transactions
+        sit idle before it ends the session, releasing its locks (a writer paused inside a batch).
+    :param migration_timeout: Seconds a migration may wait for another process's migration, and
+        each of its statements may run.
+    :param application_name: Shown in ``pg_stat_activity`` for the store's connections.
+    :param open: Whether to connect and migrate now.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        max_connections: int = 4,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 5.0,
+        statement_timeout: float = 10.0,
+        lock_timeout: float = 2.0,
+        idle_in_transaction_timeout: float = 10.0,
+        migration_timeout: float = 60.0,
+        application_name: str = "kai-session-store",
+        open: bool = True,
+    ) -> None:
+        check_schema_name(schema)
+        size: object = max_connections
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"max_connections must be an integer, at least 1, not {size!r}")
+        self.schema: Final = schema
+        self.pool_timeout: Final = check_seconds("pool_timeout", pool_timeout)
+        self.migration_timeout: Final = check_seconds("migration_timeout", migration_timeout)
+        self.lock_timeout: Final = check_seconds("lock_timeout", lock_timeout)
+        server_settings = {
+            "statement_timeout": check_seconds("statement_timeout", statement_timeout),
+            "lock_timeout": self.lock_timeout,
+            "idle_in_transaction_session_timeout": check_seconds(
+                "idle_in_transaction_timeout", idle_in_transaction_timeout
+            ),
+        }
+        connect_seconds = max(2, math.ceil(check_seconds("connect_timeout", connect_timeout)))
+        parameters = conninfo_to_dict(dsn)
+        self._where: Final = self.describe(parameters)
+        # Set at connection start, after any options the connection string gives.
+        options = [str(parameters.get("options") or "")] + [
+            f"-c {name}={_milliseconds(seconds)}" for name, seconds in server_settings.items()
+        ]
+        self._pool: Final = ConnectionPool(
+            dsn,
+            kwargs={
+                # A statement on its own commits with its reply, in one round trip; the
+                # operations of several statements open a transaction (_run).
+                "autocommit": True,
+                "connect_timeout": connect_seconds,
+                "application_name": application_name,
+                "options": " ".join(options).strip(),
+            },
+            min_size=1,
+            max_size=max_connections,
+            timeout=self.pool_timeout,
+            # Give up on a failed connection attempt quickly: a new request starts a new
+            # attempt at once, while an attempt kept alive through the pool's backoff (1, 2,
+            # 4... seconds) would keep requests waiting long after the server is back.
+            reconnect_timeout=self.pool_timeout / 2,
+            name=f"kai-sessions-{schema}",
+            open=False,
+        )
+        self._opening: Final = threading.Lock()
+        self._closed = False
+        self.schema_version = 0
+        """The version of the schema in the database, as last seen (0: none seen yet)."""
+        if open:
+            try:
+                self.migrate()
+            except BaseException:
+                self._pool.close()
+                raise
+
+    def __repr__(self) -> str:
+        return f"<PostgresSessionStore {self._where}, schema {self.schema!r}>"
+
+    def __enter__(self) -> PostgresSessionStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection of the pool; the store cannot be used afterwards."""
+        with self._opening:
+            self._closed = True
+        self._pool.close()
+
+    @property
+    def where(self) -> str:
+        """Where the database is, for messages: its name, host and port (never the password)."""
+        return self._where
+
+    @staticmethod
+    def describe(parameters: Mapping[str, object]) -> str:
+        """Where the database is, for messages (never the password)."""
+        database = parameters.get("dbname") or parameters.get("user") or "(default database)"
+        host = parameters.get("host") or "(default host)"
+        port = parameters.get("port")
+        return f"database {database!s} at {host!s}" + (f":{port!s}" if port else "")
+
+    # -- running transactions -------------------------------------------------------------------
+
+    def _run(
+        self, what: str, operation: Callable[[_Connection], _T], *, single: bool = False
+    ) -> _T:
+        """Run *operation* in one transaction on a pooled connection; commit if it returns.
+
+        A *single* operation runs one statement that writes (or none): it commits with its
+        reply, without a transaction around it.
+
+        A call whose connection broke (a connection from before a server restart, or one whose
+        backend was terminated) is run once more on a new connection; every operation is safe
+        to repeat. A database error is raised as a :class:`PersistenceError` naming *what*
+        failed, with the driver's exception as its cause.
+        """
+        retried = False
+        with self._opening:
+            if self._pool.closed and not self._closed:
+                self._pool.open(wait=False)
+        while True:
+            try:
+                connection = self._pool.getconn()
+            except psycopg.Error as exc:
+                raise self._error(what, exc) from exc
+            try:
+                if single:
+                    return operation(connection)
+                with connection.transaction():  # commits on return, rolls back on an exception
+                    return operation(connection)
+            except psycopg.Error as exc:
+                if connection.broken and not retried:
+                    retried = True
+                    self._pool.check()  # replace the other broken connections it holds too
+                    continue
+                raise self._error(what, exc) from exc
+            finally:
+                self._pool.putconn(connection)
+
+    def _error(self, what: str, exc: psycopg.Error) -> DatabaseError:
+        # The server's primary message alone: its context lines do not fit in one line.
+        problem = (exc.diag.message_primary or str(exc)).strip() or type(exc).__name__
+        return DatabaseError(f"PostgreSQL session store, {self._where}: {what} failed: {problem}")
+
+    def _sql(self, statement: str) -> sql.Composed:
+        return sql.SQL(statement).format(schema=sql.Identifier(self.schema))
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _stored_version(self, connection: _Connection) -> int:
+        # Read from the catalog, not with to_regclass(): a name lookup may answer from this
+        # backend's cache, which does not yet know of a table that another process created
+        # while this one waited for the migration lock.
+        row = connection.execute(
+            """SELECT EXISTS (
+                   SELECT FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = %s AND c.relname = 'schema_version')""",
+            (self.schema,),
+        ).fetchone()
+        if row is None or not row[0]:
+            return 0
+        row = connection.execute(
+            self._sql("SELECT coalesce(max(version), 0) FROM {schema}.schema_version")
+        ).fetchone()
+        assert row is not None
+        version: int = row[0]
+        if version > SCHEMA_VERSION:
+            raise UnsupportedFormatError(
+                f"PostgreSQL session store, {self._where}: schema {self.schema!r} is at version "
+                f"{version}, newer than version {SCHEMA_VERSION} which this release knows; "
+                "upgrade kai-session-checkpoint-policy"
+            )
+        return version
+
+    def migrate(self) -> int:
+        """Create or migrate the schema, if it is not at :data:`SCHEMA_VERSION`; return that."""
+        if self.schema_version < SCHEMA_VERSION:
+            self.schema_version = self._migrate()
+        return self.schema_version
+
+    def _migrate(self) -> int:
+        """Apply the migrations the schema lacks, each in a transaction of its own.
+
+        A migration holds an advisory lock, so two processes opening a store at once never
+        both apply one: the second waits, then finds it applied.
+        """
+        while (version := self._run("migrating the schema", self._migrate_once)) < SCHEMA_VERSION:
+            pass
+        return version
+
+    def _no_schema(self, connection: _Connection) -> bool:
+        """Whether the database has no schema yet (looked up again while it had none)."""
+        if self.schema_version == 0:
+            self.schema_version = self._stored_version(connection)
+        return self.schema_version == 0
+
+    def _migrate_once(self, connection: _Connection) -> int:
+        """Apply the next migration the schema lacks, if any; return the version it is at."""
+        version = self._stored_version(connection)
+        if version == SCHEMA_VERSION:
+            return version
+        timeout = f"{_milliseconds(self.migration_timeout)}ms"
+        for setting in ("lock_timeout", "statement_timeout"):
+            connection.execute("SELECT set_config(%s, %s, true)", (setting, timeout))
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (migration_lock_key(self.schema),))
+        version = self._stored_version(connection)  # another process may have migrated meanwhile
+        if version == SCHEMA_VERSION:
+            return version
+        for statement in MIGRATIONS[version]:
+            connection.execute(self._sql(statement))
+        connection.execute(
+            self._sql("INSERT INTO {schema}.schema_version (version) VALUES (%s)"), (version + 1,)
+        )
+        return version + 1
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def acquire(self, session_id: str, owner: str, ttl: float) -> Lease:
+        """Take the lease on *session_id* for *owner*, for *ttl* seconds.
+
+        A lease nobody holds, or one that expired, is taken (a new epoch). While *owner* holds
+        the lease already, it is returned as it stands (so a retried call whose
+        acknowledgement was lost gets the lease it took): *owner* must name one writer, and
+        never a later one, such as a host name, a process id and a random token.
+
+        :raises SessionLockedError: if another owner holds an unexpired lease (naming it and
+            when the lease expires), or if a batch in flight keeps the lease row locked past
+            ``lock_timeout``.
+        """
+        check_session_id(session_id)
+        seconds = check_seconds("ttl", ttl)
+
+        def acquire(connection: _Connection) -> Lease:
+            try:
+                row = connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.leases AS lease
+                               (session_id, owner, epoch, expires_at)
+                           VALUES (%(session)s, %(owner)s, 1, clock_timestamp() + %(ttl)s)
+                           ON CONFLICT (session_id) DO UPDATE
+                           SET owner = excluded.owner, epoch = lease.epoch + 1,
+                               expires_at = clock_timestamp() + %(ttl)s
+                           WHERE lease.expires_at <= clock_timestamp()
+                           RETURNING epoch, expires_at"""
+                    ),
+                    {"session": session_id, "owner": owner, "ttl": timedelta(seconds=seconds)},
+                ).fetchone()
+            except psycopg.errors.LockNotAvailable as exc:
+                raise SessionLockedError(
+                    f"session {session_id!r}: a batch in flight keeps its lease locked (waited "
+                    f"{self.lock_timeout:g} s for it); try again"
+                ) from exc
+            if row is not None:
+                return Lease(session_id, owner, row[0], row[1], seconds)
+            holder = connection.execute(
+                self._sql(
+                    "SELECT owner, epoch, expires_at FROM {schema}.leases WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            assert holder is not None  # the conflicting row, locked by the insert above
+            if holder[0] == owner:
+                return Lease(session_id, owner, holder[1], holder[2], seconds)
+            raise SessionLockedError(
+                f"session {session_id!r} is held by {holder[0]!r} (lease epoch {holder[1]}), "
+                f"whose lease expires at {holder[2].isoformat()} by the database's clock "
+                "unless renewed"
+            )
+
+        return self._run(f"acquiring the lease on session {session_id!r}", acquire)
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend *lease* by its ttl from now, even if it expired, unless it was taken over.
+
+        :raises LeaseLostError: if another owner took the lease over (or it was never granted).
+        """
+        (renewed,) = self.renew_many([lease])
+        if isinstance(renewed, LeaseLostError):
+            raise renewed
+        return renewed
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | LeaseLostError]:
+        """Renew several leases in one statement; each one's renewal, or why it was lost.
+
+        A lease is renewed while its row still names its owner and epoch: nobody took it over,
+        so nobody else wrote under it, even if it expired meanwhile.
+        """
+        if not leases:
+            return []
+
+        def renew(connection: _Connection) -> list[Lease | LeaseLostError]:
+            rows = connection.execute(
+                self._sql(
+                    """UPDATE {schema}.leases AS lease
+                       SET expires_at = clock_timestamp() + held.ttl
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::interval[])
+                           AS held(session_id, owner, epoch, ttl)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch
+                       RETURNING lease.session_id, lease.expires_at"""
+                ),
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                    [timedelta(seconds=lease.ttl) for lease in leases],
+                ),
+            ).fetchall()
+            expiries: dict[str, datetime] = dict(rows)
+            return [
+                Lease(
+                    lease.session_id,
+                    lease.owner,
+                    lease.epoch,
+                    expiries[lease.session_id],
+                    lease.ttl,
+                )
+                if lease.session_id in expiries
+                else self._lease_lost(connection, lease, "cannot renew it")
+                for lease in leases
+            ]
+
+        what = f"renewing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, renew, single=True)
+
+    def release(self, lease: Lease) -> bool:
+        """Give *lease* up (it expires now); return whether it was still held."""
+        return self.release_many([lease]) == 1
+
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        """Give several leases up in one statement; return how many were still held."""
+        if not leases:
+            return 0
+
+        def release(connection: _Connection) -> int:
+            cursor = connection.execute(
+                self._sql(
+                    """UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
+                       FROM unnest(%s::text[], %s::text[], %s::bigint[])
+                           AS held(session_id, owner, epoch)
+                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
+                         AND lease.epoch = held.epoch AND lease.expires_at > clock_timestamp()"""
+                ),
+                (
+                    [lease.session_id for lease in leases],
+                    [lease.owner for lease in leases],
+                    [lease.epoch for lease in leases],
+                ),
+            )
+            return cursor.rowcount
+
+        what = f"releasing the lease on session {leases[0].session_id!r}" + (
+            f" and {len(leases) - 1} more" if len(leases) > 1 else ""
+        )
+        return self._run(what, release, single=True)
+
+    def _lease_lost(
+        self, connection: _Connection, lease: Lease, consequence: str
+    ) -> LeaseLostError:
+        """Describe why *lease* is no longer held, from the lease row as it is now."""
+        row = connection.execute(
+            self._sql(
+                """SELECT owner, epoch, expires_at, expires_at <= clock_timestamp()
+                   FROM {schema}.leases WHERE session_id = %s"""
+            ),
+            (lease.session_id,),
+        ).fetchone()
+        return self._lease_lost_error(lease, row, consequence)
+
+    @staticmethod
+    def _lease_lost_error(
+        lease: Lease, row: tuple[object, ...] | None, consequence: str
+    ) -> LeaseLostError:
+        held = f"the lease of {lease.owner!r} (epoch {lease.epoch}) on session {lease.session_id!r}"
+        if row is None:
+            reason = "was never granted"
+        elif (row[0], row[1]) != (lease.owner, lease.epoch):
+            reason = f"was taken over by {row[0]!r} (epoch {row[1]})"
+        else:
+            expires_at = row[2]
+            assert hasattr(expires_at, "isoformat")
+            reason = f"expired at {expires_at.isoformat()} by the database's clock"
+        return LeaseLostError(f"{held} {reason}; {consequence}")
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def append(self, lease: Lease, expected_count: int, events: Sequence[SessionEvent]) -> int:
+        """Append *events* (seqs ``expected_count`` onwards) to the lease's session durably.
+
+        Returns how many of the events this call wrote: fewer than all when a previous attempt
+        whose acknowledgement was lost had already stored the first ones (exactly these
+        records, at these seqs).
+
+        :raises LeaseLostError: if *lease* expired or was taken over; nothing is written.
+        :raises SeqMismatchError: if the stored log does not end right before the batch, or
+            holds different events at its seqs; nothing is written.
+        :raises PersistenceError: if the database fails or cannot be reached in time.
+        """
+        return self.append_many([Batch(lease, expected_count, events)])[0]
+
+    def append_many(self, batches: Sequence[Batch]) -> list[int]:
+        """Append several sessions' batches in one transaction (so one WAL flush).
+
+        All or nothing: if any batch is refused, none is written, and the error names its
+        session. Returns, for each batch, how many of its events this call wrote (as
+        :meth:`append`).
+        """
+        if not batches:
+            return []
+        sessions = [batch.lease.session_id for batch in batches]
+        if len(set(sessions)) != len(sessions):
+            raise ValueError(f"one transaction can take one batch per session, not {sessions}")
+        records = [self._checked_records(batch) for batch in batches]
+        what = f"appending to session {sessions[0]!r}" + (
+            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
+        )
+        try:
+            self._run(what, partial(self._append_at_once, batches, records), single=True)
+        except _NotAtOnce:
+            pass  # something is not as expected: the transaction below finds out what
+        else:
+            return [len(batch.events) for batch in batches]
+
+        def append(connection: _Connection) -> list[int]:
+            rows = connection.execute(
+                self._sql(
+                    """SELECT session_id, owner, epoch, expires_at,
+                              expires_at <= clock_timestamp()
+                       FROM {schema}.leases WHERE session_id = ANY(%s)
+                       ORDER BY session_id FOR UPDATE"""
+                ),
+                (sessions,),
+            ).fetchall()
+            leases = {row[0]: row[1:] for row in rows}
+            for batch in batches:
+                row = leases.get(batch.lease.session_id)
+                if row is None or (row[0], row[1], row[3]) != (
+                    batch.lease.owner,
+                    batch.lease.epoch,
+                    False,
+                ):
+                    raise self._lease_lost_error(batch.lease, row, "refusing to write")
+            counts: dict[str, int] = dict(
+                connection.execute(
+                    self._sql(
+                        """SELECT session_id, max(seq) + 1 FROM {schema}.events
+                           WHERE session_id = ANY(%s) GROUP BY session_id"""
+                    ),
+                    (sessions,),
+                ).fetchall()
+            )
+            written: list[int] = []
+            new_sessions: list[tuple[str, int]] = []
+            rows_to_insert: list[tuple[str, SessionEvent, str]] = []
+            for batch, lines in zip(batches, records, strict=True):
+                session_id = batch.lease.session_id
+                stored = counts.get(session_id, 0)
+                already = self._already_stored(connection, batch, lines, stored)
+                if stored == 0:  # the batch starts the log: its header is created with it
+                    new_sessions.append((session_id, batch.events[0].time))
+                pending = list(zip(batch.events, lines, strict=True))[already:]
+                rows_to_insert += [(session_id, event, line) for event, line in pending]
+                written.append(len(pending))
+            if new_sessions:
+                connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.sessions (session_id, created_at, version)
+                           SELECT *, %s FROM unnest(%s::text[], %s::bigint[])"""
+                    ),
+                    (
+                        FORMAT_VERSION,
+                        [session for session, _ in new_sessions],
+                        [created_at for _, created_at in new_sessions],
+                    ),
+                )
+            if rows_to_insert:
+                connection.execute(
+                    self._sql(
+                        """INSERT INTO {schema}.events (session_id, seq, type, time, record)
+                           SELECT * FROM unnest(
+                               %s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::text[])"""
+                    ),
+                    (
+                        [row[0] for row in rows_to_insert],
+                        [row[1].seq for row in rows_to_insert],
+                        [row[1].type for row in rows_to_insert],
+                        [row[1].time for row in rows_to_insert],
+                        [row[2] for row in rows_to_insert],
+                    ),
+                )
+            return written
+
+        return self._run(what, append)
+
+    def _append_at_once(
+        self, batches: Sequence[Batch], records: list[list[str]], connection: _Connection
+    ) -> None:
+        """Write every batch in one statement, which commits with its reply: one round trip.
+
+        The statement locks the leases, and writes only if every lease is held under its epoch
+        and every stored log ends right before its batch. Otherwise its last expression
+        divides by zero, and the whole statement is undone.
+
+        :raises _NotAtOnce: if the statement found anything else (the caller's transaction
+            then finds out what, and writes what it may).
+        """
+        rows = [
+            (batch.lease.session_id, event, line)
+            for batch, lines in zip(batches, records, strict=True)
+            for event, line in zip(batch.events, lines, strict=True)
+        ]
+        try:
+            connection.execute(
+                self._sql(APPEND_AT_ONCE),
+                {
+                    "sessions": [batch.lease.session_id for batch in batches],
+                    "owners": [batch.lease.owner for batch in batches],
+                    "epochs": [batch.lease.epoch for batch in batches],
+                    "expected": [batch.expected_count for batch in batches],
+                    "created": [batch.events[0].time for batch in batches],
+                    "version": FORMAT_VERSION,
+                    "count": len(batches),
+                    "row_sessions": [row[0] for row in rows],
+                    "seqs": [row[1].seq for row in rows],
+                    "types": [row[1].type for row in rows],
+                    "times": [row[1].time for row in rows],
+                    "records": [row[2] for row in rows],
+                },
+            )
+        except psycopg.errors.DivisionByZero:
+            raise _NotAtOnce from None
+
+    @staticmethod
+    def _checked_records(batch: Batch) -> list[str]:
+        """The log lines of the batch's events, once their seqs are checked to follow on."""
+        session_id = batch.lease.session_id
+        if not batch.events:
+            raise ValueError(f"session {session_id!r}: a batch needs at least one event")
+        for index, event in enumerate(batch.events):
+            if event.seq != batch.expected_count + index:
+                raise SeqMismatchError(
+                    f"session {session_id!r}: refusing to write seq {event.seq} at position "
+                    f"{index} of a batch that starts after {batch.expected_count} events, so "
+                    f"seq {batch.expected_count + index} was expected"
+                )
+        return [event.encode() for event in batch.events]
+
+    def _already_stored(
+        self, connection: _Connection, batch: Batch, lines: list[str], stored: int
+    ) -> int:
+        """How many of the batch's first events are stored already, exactly as given.
+
+        A log that ends right before the batch holds none of it. One that holds events at the
+        batch's seqs must hold exactly the batch's records there (a retry of a batch whose
+        acknowledgement was lost, which may have grown since); anything else is refused.
+        """
+        session_id, expected = batch.lease.session_id, batch.expected_count
+        if stored == expected:
+            return 0
+        if stored < expected:
+            raise SeqMismatchError(
+                f"session {session_id!r}: refusing to write seq {expected} at position 0 of a "
+                f"batch; the database holds {stored} events, so seq {stored} was expected"
+            )
+        overlap = connection.execute(
+            self._sql(
+                """SELECT record FROM {schema}.events
+                   WHERE session_id = %s AND seq >= %s AND seq < %s ORDER BY seq"""
+            ),
+            (session_id, expected, expected + len(lines)),
+        ).fetchall()
+        for index, (record,) in enumerate(overlap):
+            if record != lines[index]:
+                raise SeqMismatchError(
+                    f"session {session_id!r}: refusing to write seq {expected + index}: the "
+                    f"database holds {stored} events, and a different event at that seq"
+                )
+        return len(overlap)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def exists(self, session_id: str) -> bool:
+        """Whether the store holds a session *session_id* (a lease alone makes none)."""
+
+        def exists(connection: _Connection) -> bool:
+            if self._no_schema(connection):
+                return False
+            row = connection.execute(
+                self._sql("SELECT EXISTS (SELECT FROM {schema}.sessions WHERE session_id = %s)"),
+                (session_id,),
+            ).fetchone()
+            return bool(row and row[0])
+
+        return self._run(f"looking up session {session_id!r}", exists, single=True)
+
+    def count(self, session_id: str) -> int:
+        """How many events the store holds for *session_id* (0 for a session it does not hold)."""
+
+        def count(connection: _Connection) -> int:
+            if self._no_schema(connection):
+                return 0
+            row = connection.execute(
+                self._sql(
+                    "SELECT coalesce(max(seq) + 1, 0) FROM {schema}.events WHERE session_id = %s"
+                ),
+                (session_id,),
+            ).fetchone()
+            assert row is not None
+            stored: int = row[0]
+            return stored
+
+        return self._run(f"counting the events of session {session_id!r}", count, single=True)
+
+    def read(self, session_id: str) -> StoredRecords:
+        """The header and the events' log lines of *session_id*, in seq order.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+        return self.read_with(
+            session_id, lambda header, records: StoredRecords(header, tuple(records))
+        )
+
+    def read_with(
+        self,
+        session_id: str,
+        consume: Callable[[SessionHeader, Iterator[str]], _T],
+        *,
+        chunk: int = 10_000,
+    ) -> _T:
+        """Return what *consume* makes of the header and the log lines of *session_id*.
+
+        *consume* gets the lines in seq order from a server-side cursor that fetches *chunk*
+        at a time, all in one read-only snapshot. It may be called again from the start, if
+        the connection broke before it returned.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+
+        def read(connection: _Connection) -> _T:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = None
+            if not self._no_schema(connection):
+                row = connection.execute(
+                    self._sql(
+                        "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
+                    ),
+                    (session_id,),
+                ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(
+                    f"no session {session_id!r} in the PostgreSQL session store, {self._where}"
+                )
+            with connection.cursor(name="kai_session_records") as cursor:
+                cursor.itersize = chunk
+                cursor.execute(
+                    self._sql(
+                        "SELECT record FROM {schema}.events WHERE session_id = %s ORDER BY seq"
+                    ),
+                    (session_id,),
+                )
+                return consume(SessionHeader(session_id, row[0], row[1]), _first_column(cursor))
+
+        return self._run(f"reading session {session_id!r}", read)
+
+    def list_sessions(self) -> list[SessionHeader]:
+        """The headers of every stored session, oldest first."""
+
+        def list_sessions(connection: _Connection) -> list[SessionHeader]:
+            if self._no_schema(connection):
+                return []
+            rows = connection.execute(
+                self._sql(
+                    """SELECT session_id, created_at, version FROM {schema}.sessions
+                       ORDER BY created_at, session_id"""
+                )
+            ).fetchall()
+            return [SessionHeader(*row) for row in rows]
+
+        return self._run("listing sessions", list_sessions, single=True)
+
+
+def _first_column(rows: Iterable[tuple[object, ...]]) -> Iterator[str]:
+    for (record,) in rows:
+        assert isinstance(record, str)
+        yield record

@@ -1,0 +1,113 @@
+"""The values persistence hands out: a stored log, its header, statistics, listings.
+
+They belong to no backend: a log read from a file and one read from a database are the same
+:class:`StoredLog`, and both backends list sessions as a :class:`SessionListing`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, final
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+    from ..events import SessionEvent
+    from .errors import PersistenceError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PersistenceStatistics",
+    "SessionHeader",
+    "SessionListing",
+    "SessionProblem",
+    "StoredLog",
+]
+
+FORMAT_VERSION: Final = 0
+"""The format version a session header names (the original harness's)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionHeader:
+    """The first record of a session log.
+
+    ``cwd`` is the session's working directory (it chooses the project directory of the
+    layout); ``parent_session``, ``seed_length``, ``origin`` and ``agent_preset`` are kept as a
+    log of the original harness has them. ``earlier_format`` tells a log in this project's
+    earlier format (``version`` 1).
+    """
+
+    id: str
+    created_at: int
+    version: int = FORMAT_VERSION
+    cwd: str | None = None
+    delegation_depth: int = 0
+    parent_session: str | None = None
+    seed_length: int | None = None
+    origin: str | None = None
+    agent_preset: str | None = None
+    earlier_format: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StoredLog:
+    """A session log as stored, and the repair that closes its open turn.
+
+    From ``inspect``, ``events`` are the stored events and ``repair`` the closers recovery
+    *would* append. From ``load``, ``events`` already end with ``repair``, which that call
+    appended. ``location`` names where the log is: a file, or a database and session.
+    """
+
+    header: SessionHeader
+    events: Sequence[SessionEvent]
+    repair: tuple[SessionEvent, ...]
+    torn_bytes: int
+    location: str
+
+    def __repr__(self) -> str:
+        # Not every event: a long log would take longer to show than to load.
+        return (
+            f"StoredLog(header={self.header!r}, events=<{len(self.events)} events>, "
+            f"repair=<{len(self.repair)} events>, torn_bytes={self.torn_bytes}, "
+            f"location={self.location!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PersistenceStatistics:
+    """Counters of one backend since it was created (a backend's own add to them)."""
+
+    sessions: int
+    """Live sessions with a writer (sessions that admitted events)."""
+    pending_events: int
+    """Events admitted and not yet durable."""
+    batches: int
+    """Batches made durable."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionProblem:
+    """A session under a root that cannot be listed: its directory, and why."""
+
+    directory: Path
+    error: PersistenceError | OSError
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    """What a backend's ``scan_sessions`` found.
+
+    ``headers`` are those of the intact sessions, oldest first; ``problems`` the sessions whose
+    log cannot be read (corrupt, unsupported, not a regular file, unreadable), by directory.
+    """
+
+    headers: tuple[SessionHeader, ...]
+    problems: tuple[SessionProblem, ...]
+    logs: tuple[Path, ...] = ()
+    """The log file of each of ``headers``, in the same order (a directory's sessions only)."""
