@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import anyio
 import pytest
 
-from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli
+from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli, output
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
 from kai_session_checkpoint_policy.eventdata import tool_result as tool_result_data
 from kai_session_checkpoint_policy.output import Console
@@ -627,7 +627,7 @@ def test_colour_stays_and_nothing_else_reaches_a_terminal(
     hostile_log(tmp_path)
     log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, HOSTILE_ID)
     terminal = _Terminal()
-    cli._print_log(log, added_on_disk=False, stream=terminal, view=cli._View())
+    output.print_log(log, added_on_disk=False, stream=terminal, view=output.LogView())
     out = terminal.getvalue()
     codes = re.findall(r"\x1b\[(\d+)m", out)
     assert set(codes) == {"0", "1", "2", "33"}  # bold, dim, the repair's colour, reset
@@ -870,7 +870,7 @@ def test_a_session_another_process_writes_is_one_line_and_status_2(tmp_path: Pat
         )
     finally:
         os.close(lock)
-    assert (completed.returncode, completed.stdout) == (2, "")
+    assert (completed.returncode, completed.stdout) == (cli.EXIT_FAILURE, "")
     assert completed.stderr == (
         f"kai-checkpoint: session 'busy' is being written by another process "
         f"(it holds {root / '_no-cwd' / 'busy' / 'session.lock'})\n"

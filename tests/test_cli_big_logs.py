@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli
+from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli, output
 
 from .persistence_helpers import COMPLETE_TURN, events, find_log, log_bytes, write_log
 
@@ -149,7 +149,7 @@ def test_a_long_listing_is_written_without_a_flush_per_line(tmp_path: Path) -> N
     write_log(tmp_path, "long", log_bytes("long", events(*[("assistant/chunk", chunk)] * 5000)))
     log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, "long")
     stream = CountingStream()
-    cli._print_log(log, added_on_disk=False, stream=stream, view=cli._View())
+    output.print_log(log, added_on_disk=False, stream=stream, view=output.LogView())
     assert stream.getvalue().count("\n") == 5002  # the header, the events, the closing note
     assert stream.flushes == 0  # the stream's own buffering decides; stdout writes in blocks
 

@@ -102,7 +102,7 @@ def test_a_host_killed_inside_its_tool_is_recovered_by_another_once_its_lease_ex
 
     # The dead host's lease still holds: another host is refused.
     status, out, err = run_cli(capsys, "recover", postgres_dsn, "killed", "--json")
-    assert (status, out) == (cli.EXIT_BAD_INPUT, "")
+    assert (status, out) == (cli.EXIT_FAILURE, "")
     assert re.fullmatch(
         rf"kai-checkpoint: session 'killed' is held by '{re.escape(owner)}' \(lease epoch 1\), "
         r"whose lease expires at \S+ by the database's clock unless renewed\n",
@@ -148,7 +148,7 @@ def test_a_zombie_past_its_lease_fails_its_next_flush_and_leaves_nothing_after_t
         assert (taker != owner, epoch) == (True, 2)
 
         child.send_signal(signal.SIGCONT)
-        assert child.wait(MARKER_TIMEOUT) == cli.EXIT_BAD_INPUT
+        assert child.wait(MARKER_TIMEOUT) == cli.EXIT_FAILURE
         assert child.stderr is not None
         errors = child.stderr.read().decode().splitlines()
     finally:

@@ -14,9 +14,11 @@ Subcommands::
 Every ROOT, STORE, SOURCE and TARGET is a store URL: a directory (the JSONL backend) or a
 ``postgresql://`` URI (the PostgreSQL backend).
 
-Exit status 0 on success, 2 on bad input (a missing root or session, a corrupt log, event data
-that is not valid when printed, a format this release does not read), with one line on
-standard error that names the problem.
+Exit status 0 on success; 2 on bad input (a missing root or session, a corrupt log, event data
+that is not valid when printed, a format this release does not read, a log in two places or in
+the wrong one); 1 when the machine or the store failed (a lease lost, a session another process
+holds, a database that cannot be reached, an I/O error). Either way, one line on standard error
+names the problem.
 ``list`` prints every intact session on standard output (its id, when it was created, and its
 log relative to the root) and one line per session it cannot read on standard error; it then
 exits with status 2. ``list`` and ``inspect`` never write
@@ -35,33 +37,23 @@ import os
 import signal
 import sys
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 
-from .output import (
-    Console,
-    LogSummary,
-    compact,
-    event_line,
-    format_time,
-    printable,
-    summarize,
-    turn_of_each,
-)
+from .output import Console, LogView, compact, format_time, print_log, printable
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-    from .events import SessionEvent
-    from .persistence import SessionHeader, Store, StoredLog
+    from .persistence import Store
 
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_BROKEN_PIPE",
+    "EXIT_FAILURE",
     "EXIT_OK",
     "UsageError",
     "main",
@@ -69,7 +61,11 @@ __all__ = [
 
 PROG: Final = "kai-checkpoint"
 EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+"""The machine or the store failed: a lease lost, a session locked, a database unreachable, an
+I/O error. Trying again later may succeed."""
 EXIT_BAD_INPUT: Final = 2
+"""What the user asked for is wrong: no such root or session, a damaged or unsupported log."""
 EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 
 
@@ -136,125 +132,14 @@ async def _list(args: argparse.Namespace) -> int:
     return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
 
-@dataclass(frozen=True)
-class _View:
-    """Which part of a log to print, and how."""
-
-    as_json: bool = False
-    summary: bool = False
-    tail: int | None = None
-    turn: int | None = None
-
-    def select(self, stored: Sequence[SessionEvent]) -> Sequence[SessionEvent]:
-        """The stored events to show: one turn's, then the last *tail* of them."""
-        if self.turn is not None:
-            turns = turn_of_each(stored)
-            stored = [event for event, turn in zip(stored, turns, strict=True) if turn == self.turn]
-        if self.tail is not None:
-            stored = stored[len(stored) - self.tail :] if self.tail else []
-        return stored
-
-
-def _print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: _View) -> None:
-    """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
-    stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
-    if view.as_json:
-        _print_json(log, stored, added_on_disk=added_on_disk, stream=stream, view=view)
-        return
-    console = Console.for_stream(stream, live=False)
-    header = log.header
-    console.line(
-        console.bold(f"session {printable(header.id)}")
-        + console.dim(
-            f"  created {format_time(header.created_at)}, {_format_of(header)}, "
-            f"{printable(str(log.location))}"
-        )
-    )
-    if view.summary:
-        _print_summary(console, summarize(stored, log.repair, log.torn_bytes), added_on_disk)
-        return
-    shown = view.select(stored)
-    if len(shown) < len(stored):
-        console.line(console.dim(f"({len(stored) - len(shown)} of {len(stored)} events not shown)"))
-    for event in shown:
-        console.line(event_line(console, event))
-    if log.torn_bytes:
-        verb = "were cut off" if added_on_disk else "would be cut off"
-        console.line(console.note(f"a torn tail of {log.torn_bytes} bytes {verb} (a copy is kept)"))
-    if not log.repair:
-        if not added_on_disk:
-            console.line(console.dim("the last turn is closed: recovery would add nothing"))
-        return
-    if added_on_disk:
-        console.line(console.note("added by this recovery, now on disk:"))
-    else:
-        console.line(console.note("recovery would add (not on disk; run 'recover' to write it):"))
-    for event in log.repair:
-        console.line(event_line(console, event, mark="+", paint=console.note))
-
-
-def _print_summary(console: Console, summary: LogSummary, added_on_disk: bool) -> None:
-    console.line(f"{summary.events} events in {summary.turns} turns")
-    for event_type, count in summary.by_type.items():
-        console.line(f"  {count:>9}  {printable(event_type)}")
-    if summary.open_turn is None:
-        console.line("every turn is closed")
-    else:
-        console.line(f"turn {summary.open_turn} is open ({summary.open_turn_events} events)")
-    if summary.torn_bytes:
-        verb = "were cut off" if added_on_disk else "would be cut off"
-        console.line(console.note(f"a torn tail of {summary.torn_bytes} bytes {verb}"))
-    if summary.repair:
-        verb = "recovery added" if added_on_disk else "recovery would add"
-        console.line(console.note(f"{verb}: {', '.join(summary.repair)}"))
-
-
-def _print_json(
-    log: StoredLog,
-    stored: Sequence[SessionEvent],
-    *,
-    added_on_disk: bool,
-    stream: TextIO,
-    view: _View,
-) -> None:
-    """One record per line: the header, each event as stored, the torn tail, the repair.
-
-    Only events have a ``type`` at the top level; the header, the torn tail and a repair not
-    yet on disk are wrapped (``{"header": ...}``, ``{"torn": ...}``, ``{"repair": ...}``).
-    """
-    from .persistence.format import encode_header
-
-    header = json.loads(encode_header(log.header))
-    lines = [json.dumps({"header": header}, separators=(",", ":"))]
-    lines += [event.encode() for event in view.select(stored)]
-    if log.torn_bytes:
-        torn = {"bytes": log.torn_bytes, "cut": added_on_disk}
-        lines.append(json.dumps({"torn": torn}, separators=(",", ":")))
-    if added_on_disk:
-        lines += [event.encode() for event in log.repair]
-    else:
-        lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
-    # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
-    stream.writelines(f"{line}\n" for line in lines)
-
-
-def _format_of(header: SessionHeader) -> str:
-    """The format version, the earlier format named, and the working directory if any."""
-    if header.earlier_format:
-        described = f"this project's earlier format (version {header.version})"
-    else:
-        described = f"format version {header.version}"
-    return described if header.cwd is None else f"{described}, cwd {printable(header.cwd)}"
-
-
 async def _show_log(args: argparse.Namespace) -> int:
     """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
     async with _opened(args.root) as backend:
         read = backend.load if args.recover else backend.inspect
         async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
             log = await read(args.session)
-    view = _View(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
-    _print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
+    view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
+    print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
     sys.stdout.flush()
     return EXIT_OK
 
@@ -339,7 +224,7 @@ async def _agent(args: argparse.Namespace) -> int:
     print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
         print(f"assistant: {printable(outcome.text)}")
-    return EXIT_OK if outcome.error is None else 1
+    return EXIT_OK if outcome.error is None else EXIT_FAILURE
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -573,21 +458,43 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kai-checkpoint`` with *argv* (default: the process arguments); return the status."""
+    from .contract import SessionExistsError
     from .demo import DemoError
     from .events import StoredDataError
     from .persistence import PersistenceError
+    from .persistence.errors import (
+        CorruptLogError,
+        DuplicateLogError,
+        InvalidSessionIdError,
+        MisplacedLogError,
+        NotARegularFileError,
+        RecoveryRequiredError,
+        SessionNotFoundError,
+        UnsupportedFormatError,
+    )
+
+    bad_input = (  # what the user got wrong; other persistence errors are failures
+        CorruptLogError,
+        DuplicateLogError,
+        InvalidSessionIdError,
+        MisplacedLogError,
+        NotARegularFileError,
+        RecoveryRequiredError,
+        SessionNotFoundError,
+        UnsupportedFormatError,
+    )
 
     args = _parser().parse_args(argv)
     try:
         status: int = anyio.run(args.run, args)
     except BrokenPipeError:  # the reader of standard output is gone: stop, as SIGPIPE would
         return EXIT_BROKEN_PIPE
-    except (UsageError, PersistenceError, StoredDataError) as exc:
+    except (UsageError, StoredDataError, SessionExistsError, *bad_input) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DemoError, OSError) as exc:
+    except (DemoError, OSError, PersistenceError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
     return status

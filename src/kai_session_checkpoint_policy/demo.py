@@ -40,16 +40,17 @@ from .contract import Finish, text_block, tool_call_block
 from .eventdata import message_of, texts_of
 from .hookspecs import hookimpl
 from .host import Agent, Host, Tool
-from .output import Console, event_line
+from .output import Console, event_line, print_events, print_repair
 from .persistence import (
     DEFAULT_BATCH_WINDOW,
     SessionLockedError,
     SessionNotFoundError,
-    WriteBehind,
+    SessionPersistence,
     display_url,
     is_postgres_url,
     open_store,
 )
+from .policy import session_before_request, session_before_step, session_before_tool
 
 if TYPE_CHECKING:
     from collections.abc import (
@@ -341,7 +342,10 @@ class CheckpointReporter:
     """A plugin that prints each appended event and, at each checkpoint, what became durable.
 
     Its wrappers are ``trylast``, so they sit inside the policy's: when one of its thunks runs,
-    the policy's flush has completed, and the backend's durable count shows what it wrote.
+    the policy's flush has completed, and the backend's durable count shows what it wrote. It
+    reports where the policy says it checkpoints (:func:`~.policy.session_before_request` and
+    its siblings), and asks the backend through
+    :class:`~kai_session_checkpoint_policy.persistence.SessionPersistence`.
     """
 
     name = "kai-demo-checkpoint-reporter"
@@ -353,7 +357,7 @@ class CheckpointReporter:
     def report(self, host: HostServices[Session], session: Session, where: str) -> None:
         """Print which events of *session* reached the disk since the last report, and *where*."""
         backend = host.session_persistence
-        count = backend.durable_count(session.id) if isinstance(backend, WriteBehind) else 0
+        count = backend.durable_count(session.id) if isinstance(backend, SessionPersistence) else 0
         start = self._durable.get(session.id, 0)
         written = session.events[start:count]
         self._durable[session.id] = max(start, count)
@@ -376,11 +380,13 @@ class CheckpointReporter:
         self, step: PreStep, host: HostServices[Session]
     ) -> Generator[None, PreStepThunk, PreStepThunk]:
         downstream = yield
+        session = session_before_step(step, host)
+        if session is None:
+            return downstream
+        live: Session = session
 
         async def reported() -> PreStepDecision:
-            self.report(
-                host, step.agent.session, f"checkpoint before step {step.step} (agent_pre_step)"
-            )
+            self.report(host, live, f"checkpoint before step {step.step} (agent_pre_step)")
             return await downstream()
 
         return reported
@@ -390,7 +396,7 @@ class CheckpointReporter:
         self, request: LlmRequest, host: HostServices[Session]
     ) -> Generator[None, StreamThunk, StreamThunk]:
         downstream = yield
-        session = None if request.session_id is None else host.sessions.get(request.session_id)
+        session = session_before_request(request, host)
         if session is None:
             return downstream
         live: Session = session
@@ -406,13 +412,14 @@ class CheckpointReporter:
         self, execution: ToolExecution, host: HostServices[Session]
     ) -> Generator[None, ToolThunk, ToolThunk]:
         downstream = yield
-        agent = execution.agent
-        if agent is None or execution.parent is not None:
+        session = session_before_tool(execution, host)
+        if session is None:
             return downstream
+        live: Session = session
 
         async def reported() -> ToolResult:
             where = f"checkpoint before the {execution.name} body runs (tools_execute)"
-            self.report(host, agent.session, where)
+            self.report(host, live, where)
             return await downstream()
 
         return reported
@@ -627,12 +634,10 @@ async def _show_recovery(
     stored: Iterable[SessionEvent],
 ) -> None:
     console.line("   On disk after the crash ('kai-checkpoint inspect'):")
-    for event in stored:
-        console.line(event_line(console, event, mark="    "))
+    print_events(console, stored, mark="    ")
     recovered = await _load_when_free(console, backend, session_id)
     console.line("   Recovery closes the turn ('kai-checkpoint recover'):")
-    for event in recovered.repair:
-        console.line(event_line(console, event, mark="   +", paint=console.note))
+    print_repair(console, recovered.repair, mark="   +")
     result = next(event for event in recovered.repair if event.type == "tool/result")
     console.line(
         f"   The result the model will see for {TOOL_NAME} [{CALL_ID}], "
@@ -661,13 +666,11 @@ async def _show_loss(
         )
     else:
         console.line("   On disk after the crash:")
-        for event in stored:
-            console.line(event_line(console, event, mark="    "))
+        print_events(console, stored, mark="    ")
         recovered = await _load_when_free(console, backend, session_id)
         if recovered.repair:
             console.line("   Recovery closes the turn:")
-            for event in recovered.repair:
-                console.line(event_line(console, event, mark="   +", paint=console.note))
+            print_repair(console, recovered.repair, mark="   +")
     if stored and any(event.type == "tool/call" for event in stored):
         console.line(
             "   This time a background batch happened to write the tool call before the kill: "

@@ -19,17 +19,23 @@ from . import eventdata
 from .events import SurfaceReplace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from .events import JSON, SessionEvent
+    from .persistence import SessionHeader, StoredLog
 
 __all__ = [
     "Console",
     "LogSummary",
+    "LogView",
     "compact",
     "describe",
     "event_line",
+    "format_of",
     "format_time",
+    "print_events",
+    "print_log",
+    "print_repair",
     "printable",
     "summarize",
     "turn_of_each",
@@ -309,3 +315,127 @@ def summarize(
         repair=tuple(event.type for event in repair),
         torn_bytes=torn,
     )
+
+
+def print_events(console: Console, events: Iterable[SessionEvent], *, mark: str = " ") -> None:
+    """Print stored events, one :func:`event_line` each."""
+    for event in events:
+        console.line(event_line(console, event, mark=mark))
+
+
+def print_repair(console: Console, repair: Iterable[SessionEvent], *, mark: str = "+") -> None:
+    """Print the events recovery adds (or would add), marked and painted as a note."""
+    for event in repair:
+        console.line(event_line(console, event, mark=mark, paint=console.note))
+
+
+# -- a whole stored log -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogView:
+    """Which part of a log to print, and how."""
+
+    as_json: bool = False
+    summary: bool = False
+    tail: int | None = None
+    turn: int | None = None
+
+    def select(self, stored: Sequence[SessionEvent]) -> Sequence[SessionEvent]:
+        """The stored events to show: one turn's, then the last *tail* of them."""
+        if self.turn is not None:
+            turns = turn_of_each(stored)
+            stored = [event for event, turn in zip(stored, turns, strict=True) if turn == self.turn]
+        if self.tail is not None:
+            stored = stored[len(stored) - self.tail :] if self.tail else []
+        return stored
+
+
+def print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: LogView) -> None:
+    """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
+    stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
+    if view.as_json:
+        _print_json(log, stored, added_on_disk=added_on_disk, stream=stream, view=view)
+        return
+    console = Console.for_stream(stream, live=False)
+    header = log.header
+    console.line(
+        console.bold(f"session {printable(header.id)}")
+        + console.dim(
+            f"  created {format_time(header.created_at)}, {format_of(header)}, "
+            f"{printable(str(log.location))}"
+        )
+    )
+    if view.summary:
+        _print_summary(console, summarize(stored, log.repair, log.torn_bytes), added_on_disk)
+        return
+    shown = view.select(stored)
+    if len(shown) < len(stored):
+        console.line(console.dim(f"({len(stored) - len(shown)} of {len(stored)} events not shown)"))
+    print_events(console, shown)
+    if log.torn_bytes:
+        verb = "were cut off" if added_on_disk else "would be cut off"
+        console.line(console.note(f"a torn tail of {log.torn_bytes} bytes {verb} (a copy is kept)"))
+    if not log.repair:
+        if not added_on_disk:
+            console.line(console.dim("the last turn is closed: recovery would add nothing"))
+        return
+    if added_on_disk:
+        console.line(console.note("added by this recovery, now on disk:"))
+    else:
+        console.line(console.note("recovery would add (not on disk; run 'recover' to write it):"))
+    print_repair(console, log.repair)
+
+
+def _print_summary(console: Console, summary: LogSummary, added_on_disk: bool) -> None:
+    console.line(f"{summary.events} events in {summary.turns} turns")
+    for event_type, count in summary.by_type.items():
+        console.line(f"  {count:>9}  {printable(event_type)}")
+    if summary.open_turn is None:
+        console.line("every turn is closed")
+    else:
+        console.line(f"turn {summary.open_turn} is open ({summary.open_turn_events} events)")
+    if summary.torn_bytes:
+        verb = "were cut off" if added_on_disk else "would be cut off"
+        console.line(console.note(f"a torn tail of {summary.torn_bytes} bytes {verb}"))
+    if summary.repair:
+        verb = "recovery added" if added_on_disk else "recovery would add"
+        console.line(console.note(f"{verb}: {', '.join(summary.repair)}"))
+
+
+def _print_json(
+    log: StoredLog,
+    stored: Sequence[SessionEvent],
+    *,
+    added_on_disk: bool,
+    stream: TextIO,
+    view: LogView,
+) -> None:
+    """One record per line: the header, each event as stored, the torn tail, the repair.
+
+    Only events have a ``type`` at the top level; the header, the torn tail and a repair not
+    yet on disk are wrapped (``{"header": ...}``, ``{"torn": ...}``, ``{"repair": ...}``).
+    """
+    from .persistence.jsonl.format import encode_header
+
+    header = json.loads(encode_header(log.header))
+    lines = [json.dumps({"header": header}, separators=(",", ":"))]
+    lines += [event.encode() for event in view.select(stored)]
+    if log.torn_bytes:
+        torn = {"bytes": log.torn_bytes, "cut": added_on_disk}
+        lines.append(json.dumps({"torn": torn}, separators=(",", ":")))
+    if added_on_disk:
+        lines += [event.encode() for event in log.repair]
+    else:
+        lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
+    # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
+    stream.writelines(f"{line}\n" for line in lines)
+
+
+def format_of(header: SessionHeader) -> str:
+    """The format version, the earlier format named, and the working directory if any."""
+    if header.earlier_format:
+        described = f"this project's earlier format (version {header.version})"
+    else:
+        described = f"format version {header.version}"
+    return described if header.cwd is None else f"{described}, cwd {printable(header.cwd)}"

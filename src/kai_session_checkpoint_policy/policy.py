@@ -43,7 +43,16 @@ if TYPE_CHECKING:
     from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
     from .results import ToolResult
 
-__all__ = ["REQUIRE_OPTION", "NoPersistenceError", "NoPersistenceWarning", "inject", "name"]
+__all__ = [
+    "REQUIRE_OPTION",
+    "NoPersistenceError",
+    "NoPersistenceWarning",
+    "inject",
+    "name",
+    "session_before_request",
+    "session_before_step",
+    "session_before_tool",
+]
 
 name: Final = "session-checkpoint-policy"
 inject: Final = ("llm", "session_persistence", "sessions", "tools")
@@ -90,14 +99,34 @@ def host_opened(host: HostServices[Any]) -> None:
     )
 
 
+def session_before_request(request: ModelRequestLike, host: HostServices[S]) -> S | None:
+    """The session the policy makes durable before *request* reaches the model, if any: the
+    live session the request names."""
+    if _missing(host) or request.session_id is None:
+        return None
+    return host.sessions.get(request.session_id)
+
+
+def session_before_tool(execution: ToolCallLike[S], host: HostServices[S]) -> S | None:
+    """The session the policy makes durable before the body of *execution* runs, if any: its
+    agent's, unless the call is nested in another."""
+    agent = execution.agent
+    if _missing(host) or agent is None or execution.parent is not None:
+        return None
+    return agent.session
+
+
+def session_before_step(step: PreStepLike[S], host: HostServices[S]) -> S | None:
+    """The session the policy makes durable before *step* starts, if any: its agent's."""
+    return None if _missing(host) else step.agent.session
+
+
 @hookimpl(wrapper=True)
 def llm_stream(
     request: ModelRequestLike, host: HostServices[S]
 ) -> Generator[None, StreamThunk, StreamThunk]:
     downstream = yield
-    if _missing(host) or request.session_id is None:
-        return downstream
-    session = host.sessions.get(request.session_id)
+    session = session_before_request(request, host)
     if session is None:
         return downstream
     live: S = session
@@ -117,13 +146,13 @@ def tools_execute(
     execution: ToolCallLike[S], host: HostServices[S]
 ) -> Generator[None, ToolThunk, ToolThunk]:
     downstream = yield
-    agent = execution.agent
-    if _missing(host) or agent is None or execution.parent is not None:
+    session = session_before_tool(execution, host)
+    if session is None:
         return downstream
-    session = agent.session
+    live: S = session
 
     async def checkpointed() -> ToolResult:
-        await host.sessions.flush(session)
+        await host.sessions.flush(live)
         await checkpoint_if_cancelled()
         if execution.signal.aborted:
             return aborted_before_dispatch()
@@ -137,12 +166,13 @@ def agent_pre_step(
     step: PreStepLike[S], host: HostServices[S]
 ) -> Generator[None, PreStepThunk, PreStepThunk]:
     downstream = yield
-    if _missing(host):
+    session = session_before_step(step, host)
+    if session is None:
         return downstream
-    session = step.agent.session
+    live: S = session
 
     async def checkpointed() -> PreStepDecision:
-        await host.sessions.flush(session)
+        await host.sessions.flush(live)
         await checkpoint_if_cancelled()
         return await downstream()
 
