@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-from . import postgres_server as pg
+from .support import postgres_server as pg
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -61,7 +61,8 @@ from kai_session_checkpoint_policy.persistence.format import (
     scan_log,
 )
 
-from .crash_child import (
+from .support import SUPPORT
+from .support.crash_child import (
     CRASH_SESSION,
     CRASH_TURN,
     PROVIDER,
@@ -73,8 +74,8 @@ from .crash_child import (
     Workload,
     run_workload,
 )
-from .markers import reap, wait_for_marker
-from .persistence_helpers import (
+from .support.markers import reap, wait_for_marker
+from .support.persistence_helpers import (
     COMPLETE_TURN,
     events,
     find_log,
@@ -83,7 +84,7 @@ from .persistence_helpers import (
     tree,
     write_log,
 )
-from .strategies import json_values, lossy_values, session_ids
+from .support.strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -674,7 +675,7 @@ def test_a_session_directory_that_links_out_of_the_root_is_never_followed(tmp_pa
 # -- two writers -----------------------------------------------------------------------------
 
 
-CHILD: Final = Path(__file__).with_name("crash_child.py")
+CHILD: Final = SUPPORT / "crash_child.py"
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX file locks")

@@ -34,8 +34,9 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
 
-from .markers import MARKER_TIMEOUT, reap, wait_for_marker
-from .persistence_helpers import GatedFiles, find_log, stored_events
+from .support import SUPPORT
+from .support.markers import MARKER_TIMEOUT, reap, wait_for_marker
+from .support.persistence_helpers import GatedFiles, find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -217,7 +218,7 @@ async def test_a_cancellation_during_the_tool_checkpoint_never_starts_the_body(
     assert session.events[-1].data["reason"] == {"kind": "aborted", "reason": "cancelled"}
 
 
-SLOW_FSYNC_CHILD: Final = Path(__file__).with_name("slow_fsync_child.py")
+SLOW_FSYNC_CHILD: Final = SUPPORT / "slow_fsync_child.py"
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="the child waits on Task.cancelling()")

@@ -47,9 +47,9 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
 
-from . import figures
-from .invariants import transcript_problems
-from .persistence_helpers import find_log, stored_events
+from .support import figures
+from .support.invariants import transcript_problems
+from .support.persistence_helpers import find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator

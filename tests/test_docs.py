@@ -21,7 +21,7 @@ from kai_session_checkpoint_policy.cli import main as cli_main
 from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 from kai_session_checkpoint_policy.persistence import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
 
-from . import doc_snippets
+from .support import doc_snippets
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -116,7 +116,8 @@ def test_writing_a_host_lists_every_member_of_every_protocol() -> None:
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_code_block_shows_its_example_file_exactly(page: Path) -> None:
     assert doc_snippets.rendered(page) == page.read_text(), (
-        f"{page.name}: a code block differs from its example; run python tests/doc_snippets.py"
+        f"{page.name}: a code block differs from its example; "
+        "run python tests/support/doc_snippets.py"
     )
 
 

@@ -1,6 +1,6 @@
 """The original harness's format: its logs read, listed and recovered; ours read back exactly.
 
-The roots under ``fixtures/original-logs`` were written by the original TypeScript backend;
+The roots under ``support/fixtures/original-logs`` were written by the original TypeScript backend;
 each case's ``recovered.jsonl`` is what the original's own recovery made of it (see the
 README there). Every test works on a copy of the root.
 """
@@ -57,7 +57,8 @@ from kai_session_checkpoint_policy.persistence.format import (
 )
 from kai_session_checkpoint_policy.results import OUTCOME_UNKNOWN_TEXT
 
-from .persistence_helpers import (
+from .support import SUPPORT
+from .support.persistence_helpers import (
     COMPLETE_TURN,
     assistant,
     events,
@@ -70,7 +71,7 @@ from .persistence_helpers import (
     write_log,
 )
 
-FIXTURES: Final = Path(__file__).with_name("fixtures") / "original-logs"
+FIXTURES: Final = SUPPORT / "fixtures" / "original-logs"
 CASES: Final = sorted(path.parent.name for path in FIXTURES.glob("*/case.json"))
 COMMAND: Final = [sys.executable, "-m", "kai_session_checkpoint_policy"]
 

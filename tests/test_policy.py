@@ -33,7 +33,7 @@ from kai_session_checkpoint_policy import (
     policy,
 )
 
-from .plugins import FlushListener
+from .support.plugins import FlushListener
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Generator

@@ -21,10 +21,10 @@ import pytest
 
 from kai_session_checkpoint_policy import Host, JsonlSessionPersistence, PersistenceError
 
-from . import figures
-from .persistence_helpers import find_log, lines, log_path
+from .support import SUPPORT, figures
+from .support.persistence_helpers import find_log, lines, log_path
 
-LONG_RUN_CHILD: Final = Path(__file__).with_name("long_run_child.py")
+LONG_RUN_CHILD: Final = SUPPORT / "long_run_child.py"
 
 
 def open_descriptors() -> int:

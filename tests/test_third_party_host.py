@@ -9,7 +9,8 @@ import pytest
 from kai_session_checkpoint_policy import JsonlSessionPersistence
 from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 
-from .third_party_host import Builtins, MiniHost
+from .support import SUPPORT
+from .support.third_party_host import Builtins, MiniHost
 
 pytestmark = pytest.mark.anyio
 
@@ -43,5 +44,5 @@ async def test_a_host_of_its_own_is_durable_before_the_model_and_before_the_tool
 def test_the_host_uses_nothing_of_the_reference_host() -> None:
     from .test_contract import imported_modules
 
-    imported = imported_modules(Path(__file__).with_name("third_party_host.py"))
+    imported = imported_modules(SUPPORT / "third_party_host.py")
     assert imported.isdisjoint({"host", "demo", "cli", "output"}), imported
