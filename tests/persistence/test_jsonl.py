@@ -43,7 +43,7 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
 )
 
-from .support.persistence_helpers import (
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
     GatedFiles,

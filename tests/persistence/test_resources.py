@@ -21,8 +21,8 @@ import pytest
 
 from kai_session_checkpoint_policy import Host, JsonlSessionPersistence, PersistenceError
 
-from .support import SUPPORT, figures
-from .support.persistence_helpers import find_log, lines, log_path
+from ..support import SUPPORT, figures
+from ..support.persistence_helpers import find_log, lines, log_path
 
 LONG_RUN_CHILD: Final = SUPPORT / "long_run_child.py"
 

@@ -57,8 +57,8 @@ from kai_session_checkpoint_policy.persistence.format import (
 )
 from kai_session_checkpoint_policy.results import OUTCOME_UNKNOWN_TEXT
 
-from .support import SUPPORT
-from .support.persistence_helpers import (
+from ..support import SUPPORT
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     assistant,
     events,

@@ -27,7 +27,7 @@ from kai_session_checkpoint_policy.persistence.format import (
     encode_header,
 )
 
-from .support.strategies import json_values
+from ..support.strategies import json_values
 
 PATH = Path("root/s/session.jsonl")
 

@@ -37,8 +37,8 @@ from kai_session_checkpoint_policy.persistence import (
 from kai_session_checkpoint_policy.persistence import files as files_module
 from kai_session_checkpoint_policy.persistence.format import log_name
 
-from .support import figures
-from .support.crash_child import (
+from ..support import figures
+from ..support.crash_child import (
     CRASH_TURN,
     Append,
     Flush,
@@ -48,8 +48,8 @@ from .support.crash_child import (
     Workload,
     run_workload,
 )
-from .support.invariants import Expected, dispatch_problems
-from .support.simfs import (
+from ..support.invariants import Expected, dispatch_problems
+from ..support.simfs import (
     FAULT_KINDS,
     STORE,
     CrashImage,
@@ -62,7 +62,7 @@ from .support.simfs import (
     durable_image_of,
     normalized,
 )
-from .support.strategies import workloads
+from ..support.strategies import workloads
 
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 EXAMPLES: Final = 150 if LONG else 10

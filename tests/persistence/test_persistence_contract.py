@@ -43,8 +43,8 @@ from kai_session_checkpoint_policy.persistence import (
     WriteBehind,
 )
 
-from .support.paying import paying_host, result_text
-from .support.persistence_helpers import (
+from ..support.paying import paying_host, result_text
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
     GatedFiles,

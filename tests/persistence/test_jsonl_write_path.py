@@ -16,7 +16,7 @@ from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, O
 from kai_session_checkpoint_policy.persistence import jsonl as jsonl_module
 from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
-from .support.persistence_helpers import FailingFiles, GatedFiles
+from ..support.persistence_helpers import FailingFiles, GatedFiles
 
 if TYPE_CHECKING:
     from pathlib import Path

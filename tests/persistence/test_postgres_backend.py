@@ -42,9 +42,9 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.persistence.postgres_store import Batch, PostgresSessionStore
 
-from .support.paying import paying_host, result_text
-from .support.persistence_helpers import event
-from .support.postgres_server import PostgresServer
+from ..support.paying import paying_host, result_text
+from ..support.persistence_helpers import event
+from ..support.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.anyio
 

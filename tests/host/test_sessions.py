@@ -18,7 +18,7 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.host import SessionError
 
-from .support.plugins import FlushListener
+from ..support.plugins import FlushListener
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Generator

@@ -61,8 +61,8 @@ from kai_session_checkpoint_policy.persistence.format import (
     scan_log,
 )
 
-from .support import SUPPORT
-from .support.crash_child import (
+from ..support import SUPPORT
+from ..support.crash_child import (
     CRASH_SESSION,
     CRASH_TURN,
     PROVIDER,
@@ -74,8 +74,8 @@ from .support.crash_child import (
     Workload,
     run_workload,
 )
-from .support.markers import reap, wait_for_marker
-from .support.persistence_helpers import (
+from ..support.markers import reap, wait_for_marker
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     events,
     find_log,
@@ -84,7 +84,7 @@ from .support.persistence_helpers import (
     tree,
     write_log,
 )
-from .support.strategies import json_values, lossy_values, session_ids
+from ..support.strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

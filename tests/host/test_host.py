@@ -25,7 +25,7 @@ from kai_session_checkpoint_policy.host import (
     MissingImplementationError,
 )
 
-from .support.persistence_helpers import find_log
+from ..support.persistence_helpers import find_log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

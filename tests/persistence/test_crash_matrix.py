@@ -39,10 +39,10 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
 )
 
-from .support import SUPPORT, figures
-from .support.crash_child import CRASH_SESSION, started_calls
-from .support.invariants import Expected, check_recovery, decode_event, transcript_problems
-from .support.markers import kill_at_marker
+from ..support import SUPPORT, figures
+from ..support.crash_child import CRASH_SESSION, started_calls
+from ..support.invariants import Expected, check_recovery, decode_event, transcript_problems
+from ..support.markers import kill_at_marker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
