@@ -76,7 +76,7 @@ async def opened_with_gate(
 ) -> tuple[GatedFiles, JsonlSessionPersistence, Host]:
     files = GatedFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=60, inline_write_limit=0, files=files)
-    return files, backend, Host([backend], autoload=False)
+    return files, backend, Host([backend])
 
 
 @asyncio_only
@@ -148,7 +148,7 @@ async def test_the_joiners_of_a_cancelled_leader_drain_the_queue(tmp_path: Path)
     backend = JsonlSessionPersistence(
         tmp_path, batch_window=0.001, inline_write_limit=0, files=files
     )
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -264,7 +264,7 @@ async def test_a_turn_cancelled_inside_the_tool_body_answers_outcome_unknown_and
         payments.append(text)
         paid.set()
 
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path), policy]) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool(announce=announce, hang_after_effect=True))
         session = host.sessions.create("s")
@@ -277,7 +277,7 @@ async def test_a_turn_cancelled_inside_the_tool_body_answers_outcome_unknown_and
 
     stored = await JsonlSessionPersistence(tmp_path).load("s")
     assert stored.repair == ()  # the turn closed itself and reached the disk at close
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path), policy]) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool(announce=announce))
         resumed = host.sessions.create("s", seed=stored.events)

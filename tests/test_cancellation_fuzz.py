@@ -236,7 +236,7 @@ async def run_schedule(seed: int, root: Path, backend_name: str) -> Schedule:
         inline_write_limit=rng.choice((0.0, 0.002)),
         files=files,
     )
-    host = Host([backend, policy, CancelOnEvent(canceller)], autoload=False)
+    host = Host([backend, policy, CancelOnEvent(canceller)])
     for tool in tools(schedule):
         host.tools.register(tool)
     host.llm.register_adapter("fuzz", Model(rng))

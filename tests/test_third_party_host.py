@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from kai_session_checkpoint_policy import JsonlSessionPersistence
-from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 
 from .support import SUPPORT
 from .support.third_party_host import Builtins, MiniHost
@@ -15,10 +14,10 @@ from .support.third_party_host import Builtins, MiniHost
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_host_of_its_own_is_durable_before_the_model_and_before_the_tool(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     async with MiniHost(options={"jsonl.root": str(tmp_path)}) as host:
         names = {host.manager.get_name(plugin) for plugin in host.manager.get_plugins()}
         assert {

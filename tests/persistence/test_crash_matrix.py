@@ -177,7 +177,7 @@ async def resume(root: Path, recovered: StoredLog) -> list[str]:
     """Run one more turn on the recovered session; return what is wrong with the result."""
     model = Resumed()
     backend = JsonlSessionPersistence(root)
-    host = Host([backend, policy], autoload=False)
+    host = Host([backend, policy])
     host.llm.register_adapter("resumed", model)
     async with host:
         session = host.sessions.create(CRASH_SESSION, seed=recovered.events)

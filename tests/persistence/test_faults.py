@@ -244,7 +244,7 @@ async def test_a_failed_open_after_the_log_is_created_does_not_wedge_it(tmp_path
     again and failed with ``FileExistsError``, for as long as the process lived.
     """
     backend = JsonlSessionPersistence(tmp_path, files=FirstOpenFails())
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         for flush in range(3):
             session.append("note", {"flush": flush}, ignorable=True)
@@ -285,7 +285,7 @@ async def test_a_directory_whose_creation_was_not_made_durable_is_made_durable_l
     root = tmp_path / "root"
     files = FirstDirectorySyncFails()
     backend = JsonlSessionPersistence(root, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         session.append("note", {}, ignorable=True)
         with pytest.raises(OSError, match="injected"):

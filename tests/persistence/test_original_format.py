@@ -230,7 +230,7 @@ def test_the_command_line_lists_inspects_and_recovers_each_root(case: Case) -> N
 @pytest.mark.anyio
 async def test_a_recovered_session_of_the_original_goes_on_in_its_own_log(case: Case) -> None:
     backend = JsonlSessionPersistence(case.root, compression="none")  # new logs plain...
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("p", answer_model)
         session = await host.sessions.resume(case.session_id)
         outcome = await Agent(host, session, provider="p", model="m").run_turn("and now?")
@@ -282,7 +282,7 @@ async def write_session(
     root: Path, compression: Compression, pack: bool
 ) -> tuple[SessionEvent, ...]:
     backend = JsonlSessionPersistence(root, compression=compression, pack_chunks=pack)
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("p", streaming_model)
         host.tools.register(Tool("read", read))
         session = host.sessions.create("s")
@@ -597,7 +597,7 @@ def test_writing_a_session_whose_earlier_log_was_not_converted_is_refused(tmp_pa
 
     async def write() -> None:
         backend = JsonlSessionPersistence(tmp_path)
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             stored = await backend.inspect("old/1")
             session = host.sessions.create("old/1", seed=stored.events)
             session.append("turn/start", {"turn": 3})
