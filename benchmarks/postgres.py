@@ -1,8 +1,8 @@
 """Scenario 6: the PostgreSQL backend beside JSONL, each against its own physical limit.
 
 The benchmark starts a PostgreSQL server of its own, as the tests do
-(:class:`tests.postgres_server.PostgresServer`: ``fsync`` and ``synchronous_commit`` on, a Unix
-socket), and skips these figures, saying why, when the server programs or the driver are
+(:class:`tests.support.postgres_server.PostgresServer`: ``fsync`` and ``synchronous_commit`` on,
+a Unix socket), and skips these figures, saying why, when the server programs or the driver are
 missing. Its baseline, taken in the same rounds as the figures: **one single-row ``INSERT``
 committed in one round trip** (an autocommit statement) on the same server, the least a durable
 write to it costs. JSONL's baseline is the raw write and fsync of the other scenarios.
@@ -343,7 +343,7 @@ def postgres_figures(
     directory: Path, plan: Plan, backends: Sequence[str], events: int, runs: int
 ) -> dict[str, object]:
     """Start a server, measure both backends on each event loop, then recovery; or say why not."""
-    from tests.postgres_server import PostgresServer, find_binaries, missing
+    from tests.support.postgres_server import PostgresServer, find_binaries, missing
 
     binaries = find_binaries()
     problem = missing(binaries)

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-from . import postgres_server as pg
+from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
+
+from .support import postgres_server as pg
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -17,7 +19,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The one switch for the whole run: no host built in this process, or in a child process
+    # that inherits its environment, loads the ``kai`` entry points installed here; each host
+    # has only the plugins its test gives it. A test of autoloading turns it back on with the
+    # ``entry_point_autoload`` fixture.
+    environment = pytest.MonkeyPatch()
+    environment.setenv(AUTOLOAD_ENV, "1")
+    config.add_cleanup(environment.undo)
     pg.check_required(pg.find_binaries())
+
+
+@pytest.fixture
+def entry_point_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entry-point autoloading back on for one test, which the rest of the run keeps off."""
+    monkeypatch.delenv(AUTOLOAD_ENV)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from benchmarks import report
 
-from .postgres_server import REQUIRE_ENV
+from .support.postgres_server import REQUIRE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,7 +229,7 @@ def test_the_postgres_figures_are_skipped_with_a_note_without_the_server_program
     from benchmarks.__main__ import QUICK
     from benchmarks.postgres import postgres_figures
 
-    from tests import postgres_server
+    from tests.support import postgres_server
 
     monkeypatch.setattr(postgres_server, "find_binaries", lambda: None)
     figures = postgres_figures(tmp_path, QUICK, BACKENDS, 1000, 1)

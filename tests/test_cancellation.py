@@ -34,8 +34,9 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.demo import PROVIDER, ScriptedModel, make_payment_tool
 
-from .markers import MARKER_TIMEOUT, reap, wait_for_marker
-from .persistence_helpers import GatedFiles, find_log, stored_events
+from .support import SUPPORT
+from .support.markers import MARKER_TIMEOUT, reap, wait_for_marker
+from .support.persistence_helpers import GatedFiles, find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,7 +76,7 @@ async def opened_with_gate(
 ) -> tuple[GatedFiles, JsonlSessionPersistence, Host]:
     files = GatedFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=60, inline_write_limit=0, files=files)
-    return files, backend, Host([backend], autoload=False)
+    return files, backend, Host([backend])
 
 
 @asyncio_only
@@ -147,7 +148,7 @@ async def test_the_joiners_of_a_cancelled_leader_drain_the_queue(tmp_path: Path)
     backend = JsonlSessionPersistence(
         tmp_path, batch_window=0.001, inline_write_limit=0, files=files
     )
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -217,7 +218,7 @@ async def test_a_cancellation_during_the_tool_checkpoint_never_starts_the_body(
     assert session.events[-1].data["reason"] == {"kind": "aborted", "reason": "cancelled"}
 
 
-SLOW_FSYNC_CHILD: Final = Path(__file__).with_name("slow_fsync_child.py")
+SLOW_FSYNC_CHILD: Final = SUPPORT / "slow_fsync_child.py"
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="the child waits on Task.cancelling()")
@@ -263,7 +264,7 @@ async def test_a_turn_cancelled_inside_the_tool_body_answers_outcome_unknown_and
         payments.append(text)
         paid.set()
 
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path), policy]) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool(announce=announce, hang_after_effect=True))
         session = host.sessions.create("s")
@@ -276,7 +277,7 @@ async def test_a_turn_cancelled_inside_the_tool_body_answers_outcome_unknown_and
 
     stored = await JsonlSessionPersistence(tmp_path).load("s")
     assert stored.repair == ()  # the turn closed itself and reached the disk at close
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path), policy]) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool(announce=announce))
         resumed = host.sessions.create("s", seed=stored.events)

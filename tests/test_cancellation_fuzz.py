@@ -47,9 +47,9 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
 
-from . import figures
-from .invariants import transcript_problems
-from .persistence_helpers import find_log, stored_events
+from .support import figures
+from .support.invariants import transcript_problems
+from .support.persistence_helpers import find_log, stored_events
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -236,7 +236,7 @@ async def run_schedule(seed: int, root: Path, backend_name: str) -> Schedule:
         inline_write_limit=rng.choice((0.0, 0.002)),
         files=files,
     )
-    host = Host([backend, policy, CancelOnEvent(canceller)], autoload=False)
+    host = Host([backend, policy, CancelOnEvent(canceller)])
     for tool in tools(schedule):
         host.tools.register(tool)
     host.llm.register_adapter("fuzz", Model(rng))

@@ -29,8 +29,8 @@ from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.persistence.format import compress_frame, encode_session_id
 
-from .markers import kill_at_marker, reap, start_agent
-from .persistence_helpers import (
+from .support.markers import kill_at_marker, reap, start_agent
+from .support.persistence_helpers import (
     COMPLETE_TURN,
     events,
     find_log,

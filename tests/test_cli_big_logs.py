@@ -16,7 +16,7 @@ import pytest
 
 from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli, output
 
-from .persistence_helpers import COMPLETE_TURN, events, find_log, log_bytes, write_log
+from .support.persistence_helpers import COMPLETE_TURN, events, find_log, log_bytes, write_log
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -6,7 +6,7 @@ import pytest
 
 from kai_session_checkpoint_policy.conformance import HostConformance, HostFactory
 
-from .third_party_host import host_under_test
+from .support.third_party_host import host_under_test
 
 
 class TestTheReferenceHost(HostConformance):

@@ -74,7 +74,7 @@ def test_the_import_check_sees_imports_under_type_checking(tmp_path: Path) -> No
 @pytest.mark.anyio
 async def test_the_policy_on_a_host_without_persistence_warns_naming_what_is_missing() -> None:
     with pytest.warns(NoPersistenceWarning) as warned:
-        async with Host([policy], autoload=False):
+        async with Host([policy]):
             pass
     (warning,) = warned
     assert str(warning.message) == (
@@ -88,7 +88,7 @@ async def test_the_policy_on_a_host_without_persistence_warns_naming_what_is_mis
 
 @pytest.mark.anyio
 async def test_the_host_can_require_durability() -> None:
-    host = Host([policy], autoload=False, options={"checkpoint.require_persistence": True})
+    host = Host([policy], options={"checkpoint.require_persistence": True})
     with pytest.raises(NoPersistenceError, match=r"offers no session_persistence: .*is set\)$"):
         async with host:
             pytest.fail("the host must not open")
@@ -98,13 +98,13 @@ async def test_the_host_can_require_durability() -> None:
 @pytest.mark.anyio
 async def test_a_backend_is_all_the_policy_needs_to_stay_quiet(tmp_path: Path) -> None:
     options = {"checkpoint.require_persistence": True}
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False, options=options):
+    async with Host([JsonlSessionPersistence(tmp_path), policy], options=options):
         pass
 
 
 @pytest.mark.anyio
 async def test_an_unknown_host_option_is_an_error_naming_it_and_the_known_ones() -> None:
-    host = Host(autoload=False, options={"jsonl.roots": "/tmp/x"})
+    host = Host(options={"jsonl.roots": "/tmp/x"})
     from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
 
     host.register(jsonl_entry_point)
@@ -120,7 +120,7 @@ async def test_an_unknown_host_option_is_an_error_naming_it_and_the_known_ones()
 
 @pytest.mark.anyio
 async def test_sessions_are_used_while_the_host_is_open() -> None:
-    host = Host(autoload=False)
+    host = Host()
     with pytest.raises(HostStateError, match=r"^the host is not open: use its sessions inside"):
         host.sessions.create("early")
     async with host:
@@ -134,7 +134,7 @@ async def test_sessions_are_used_while_the_host_is_open() -> None:
 @pytest.mark.anyio
 async def test_a_second_persistence_provider_is_an_error_naming_both(tmp_path: Path) -> None:
     first, second = JsonlSessionPersistence(tmp_path / "a"), JsonlSessionPersistence(tmp_path / "b")
-    host = Host([first], autoload=False)
+    host = Host([first])
     host.register(second, name="second-backend")
     with pytest.raises(PersistenceConflictError) as refused:
         async with host:
@@ -148,7 +148,7 @@ async def test_a_second_persistence_provider_is_an_error_naming_both(tmp_path: P
 @pytest.mark.anyio
 async def test_the_flush_recorder_stands_in_only_where_no_backend_is(tmp_path: Path) -> None:
     backend, recorder = JsonlSessionPersistence(tmp_path), FlushRecorder()
-    async with Host([backend, recorder.plugin, policy], autoload=False) as host:
+    async with Host([backend, recorder.plugin, policy]) as host:
         assert host.session_persistence is backend
 
 
@@ -169,7 +169,7 @@ def test_a_plugin_without_a_name_is_registered_under_its_class_or_module_name() 
     class Unnamed:
         pass
 
-    host = Host(autoload=False)
+    host = Host()
     first, second = host.register(Unnamed()), host.register(Unnamed())
     qualified = f"{__name__}.{Unnamed.__qualname__}"
     assert first == qualified
@@ -183,7 +183,7 @@ def test_a_plugin_without_a_name_is_registered_under_its_class_or_module_name() 
 async def test_the_jsonl_root_option_takes_a_path(tmp_path: Path) -> None:
     from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
 
-    async with Host([jsonl_entry_point], autoload=False, options={"jsonl.root": tmp_path}) as host:
+    async with Host([jsonl_entry_point], options={"jsonl.root": tmp_path}) as host:
         assert isinstance(host.session_persistence, JsonlSessionPersistence)
         assert host.session_persistence.root == tmp_path
 

@@ -22,7 +22,7 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
 )
 
-from .markers import kill_at_marker, start_agent
+from .support.markers import kill_at_marker, start_agent
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -18,10 +18,9 @@ import pytest
 
 from kai_session_checkpoint_policy import PROJECT, contract, hookspecs
 from kai_session_checkpoint_policy.cli import main as cli_main
-from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 from kai_session_checkpoint_policy.persistence import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT
 
-from . import doc_snippets
+from .support import doc_snippets
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -116,7 +115,8 @@ def test_writing_a_host_lists_every_member_of_every_protocol() -> None:
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_code_block_shows_its_example_file_exactly(page: Path) -> None:
     assert doc_snippets.rendered(page) == page.read_text(), (
-        f"{page.name}: a code block differs from its example; run python tests/doc_snippets.py"
+        f"{page.name}: a code block differs from its example; "
+        "run python tests/support/doc_snippets.py"
     )
 
 
@@ -145,11 +145,6 @@ def test_every_example_is_shown_and_run() -> None:
 # -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(AUTOLOAD_ENV, "1")
-
-
 def _inspect_json(
     root: Path | str, session_id: str, capsys: pytest.CaptureFixture[str]
 ) -> list[Any]:
@@ -159,7 +154,6 @@ def _inspect_json(
     return [record for record in records if "type" in record]  # not the header
 
 
-@pytest.mark.usefixtures("no_autoload")
 def test_quickstart_run_twice_resumes_the_session(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -177,10 +171,8 @@ def test_quickstart_run_twice_resumes_the_session(
     assert ends == [{"turn": turn, "reason": {"kind": "completed"}} for turn in (1, 2)]
 
 
-def test_entry_points(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+@pytest.mark.usefixtures("entry_point_autoload")
+def test_entry_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(example("entry_points.py")["main"], str(tmp_path))
     out = capsys.readouterr().out
     assert "JsonlSessionPersistence" in out
@@ -189,10 +181,10 @@ def test_entry_points(
     assert events[-1]["type"] == "turn/end"
 
 
+@pytest.mark.usefixtures("entry_point_autoload")
 def test_the_postgres_host_resumes_its_session_wherever_it_was_left(
-    postgres_dsn: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    postgres_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     main = example("postgres_host.py")["main"]
     anyio.run(main, postgres_dsn)
     first = capsys.readouterr().out
@@ -206,14 +198,12 @@ def test_the_postgres_host_resumes_its_session_wherever_it_was_left(
     assert ends == [{"turn": turn, "reason": {"kind": "completed"}} for turn in (1, 2)]
 
 
-@pytest.mark.usefixtures("no_autoload")
 def test_hook_examples(capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(example("hooks.py")["main"])
     assert capsys.readouterr().out == "every hook example ran\n"
 
 
 @pytest.mark.crash
-@pytest.mark.usefixtures("no_autoload")
 def test_recovery_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(example("recovery.py")["main"], tmp_path)
     out = capsys.readouterr().out
@@ -224,7 +214,6 @@ def test_recovery_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert [event["data"]["turn"] for event in events if event["type"] == "turn/end"] == [1, 2]
 
 
-@pytest.mark.usefixtures("no_autoload")
 @pytest.mark.parametrize(
     ("which", "golden"),
     [("complete", "sample-session.jsonl"), ("recovered", "recovered-session.jsonl")],
@@ -234,7 +223,6 @@ def test_sample_logs_are_what_the_backend_writes(tmp_path: Path, which: str, gol
     assert anyio.run(write, tmp_path) == (EXAMPLES / golden).read_bytes()
 
 
-@pytest.mark.usefixtures("no_autoload")
 def test_timeline_is_what_the_reporter_prints(capsys: pytest.CaptureFixture[str]) -> None:
     anyio.run(example("timeline.py")["main"])
     assert capsys.readouterr().out == (EXAMPLES / "timeline.txt").read_text()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kai_session_checkpoint_policy import events
 
-from .strategies import json_values, lossy_values
+from .support.strategies import json_values, lossy_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -24,7 +24,7 @@ def test_the_companion_has_its_entry_point_shape() -> None:
 
 
 async def test_configuring_registers_the_package_name() -> None:
-    host = Host([invariant], autoload=False)
+    host = Host([invariant])
     assert host.invariants is not None
     assert host.invariants.registered() == ()
 
@@ -35,7 +35,7 @@ async def test_configuring_registers_the_package_name() -> None:
 
 
 async def test_a_duplicate_registration_while_active_is_an_error() -> None:
-    async with Host([invariant], autoload=False) as host:
+    async with Host([invariant]) as host:
         assert host.invariants is not None
 
         with pytest.raises(InvariantRegistrationError) as raised:
@@ -46,7 +46,7 @@ async def test_a_duplicate_registration_while_active_is_an_error() -> None:
 
 
 async def test_unregistering_the_companion_releases_the_name() -> None:
-    async with Host([invariant], autoload=False) as host:
+    async with Host([invariant]) as host:
         assert host.invariants is not None
 
         host.unregister(invariant)
@@ -62,8 +62,8 @@ async def test_unregistering_the_companion_releases_the_name() -> None:
 
 async def test_each_host_has_its_own_registration() -> None:
     async with (
-        Host([invariant], autoload=False) as first,
-        Host([invariant], autoload=False) as second,
+        Host([invariant]) as first,
+        Host([invariant]) as second,
     ):
         assert first.invariants is not None
         assert second.invariants is not None
@@ -76,7 +76,7 @@ async def test_each_host_has_its_own_registration() -> None:
 
 
 async def test_the_companion_does_nothing_without_an_invariants_service() -> None:
-    host = Host([invariant], autoload=False)
+    host = Host([invariant])
     host.invariants = None
 
     async with host:  # configuring it neither fails nor installs a registry

@@ -33,7 +33,7 @@ from kai_session_checkpoint_policy import (
     policy,
 )
 
-from .plugins import FlushListener
+from .support.plugins import FlushListener
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Generator
@@ -94,7 +94,7 @@ def make_host(order: list[str], *, with_policy: bool, inner: tuple[object, ...] 
     plugins: list[object] = [StubPersistence(), *inner]
     if with_policy:
         plugins.append(policy)
-    host = Host(plugins, autoload=False)
+    host = Host(plugins)
     host.llm.register_adapter("mock", RecordingAdapter(order))
 
     async def write(execution: ToolExecution) -> JSON:
@@ -351,7 +351,7 @@ def test_l2_keeps_the_entry_point_plugin_shape() -> None:
     assert entry_point.value == "kai_session_checkpoint_policy.policy"
     assert entry_point.load() is policy
 
-    host = Host([policy], autoload=False)
+    host = Host([policy])
     callers = host.pm.get_hookcallers(policy) or []
     assert sorted(caller.name for caller in callers) == [
         "agent_pre_step",

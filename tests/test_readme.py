@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from . import readme_pair
-from .readme_pair import ROOT, SIDES
+from .support import readme_pair
+from .support.readme_pair import ROOT, SIDES
 
 DEMO_COMMAND = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/kai-checkpoint demo"
 TEST_COMMAND = (
@@ -29,7 +29,7 @@ def test_the_record_matches_both_sides() -> None:
     stale = readme_pair.stale_sides()
     assert not stale, (
         f"{', '.join(stale)} changed since README.i18n.yaml was recorded: bring the other "
-        "language along, then run 'python -m tests.readme_pair --write'"
+        "language along, then run 'python -m tests.support.readme_pair --write'"
     )
 
 

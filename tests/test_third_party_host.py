@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 
 from kai_session_checkpoint_policy import JsonlSessionPersistence
-from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 
-from .third_party_host import Builtins, MiniHost
+from .support import SUPPORT
+from .support.third_party_host import Builtins, MiniHost
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_host_of_its_own_is_durable_before_the_model_and_before_the_tool(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     async with MiniHost(options={"jsonl.root": str(tmp_path)}) as host:
         names = {host.manager.get_name(plugin) for plugin in host.manager.get_plugins()}
         assert {
@@ -43,5 +43,5 @@ async def test_a_host_of_its_own_is_durable_before_the_model_and_before_the_tool
 def test_the_host_uses_nothing_of_the_reference_host() -> None:
     from .test_contract import imported_modules
 
-    imported = imported_modules(Path(__file__).with_name("third_party_host.py"))
+    imported = imported_modules(SUPPORT / "third_party_host.py")
     assert imported.isdisjoint({"host", "demo", "cli", "output"}), imported

@@ -61,7 +61,8 @@ from kai_session_checkpoint_policy.persistence.format import (
     scan_log,
 )
 
-from .crash_child import (
+from ..support import SUPPORT
+from ..support.crash_child import (
     CRASH_SESSION,
     CRASH_TURN,
     PROVIDER,
@@ -73,8 +74,8 @@ from .crash_child import (
     Workload,
     run_workload,
 )
-from .markers import reap, wait_for_marker
-from .persistence_helpers import (
+from ..support.markers import reap, wait_for_marker
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     events,
     find_log,
@@ -83,7 +84,7 @@ from .persistence_helpers import (
     tree,
     write_log,
 )
-from .strategies import json_values, lossy_values, session_ids
+from ..support.strategies import json_values, lossy_values, session_ids
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -119,7 +120,7 @@ async def resume_turn(root: Path, session_id: str, seed: list[SessionEvent]) -> 
     Closing the host drains the session again, which fails the same way.
     """
     model = ScriptedModel(MemoryRecorder())
-    host = Host([JsonlSessionPersistence(root), policy], autoload=False)
+    host = Host([JsonlSessionPersistence(root), policy])
     host.llm.register_adapter(PROVIDER, model)
     outcomes: list[TurnOutcome] = []
 
@@ -191,7 +192,7 @@ def test_an_id_too_long_for_a_file_name_is_refused_when_the_session_is_created(
     root = tmp_path / "root"
 
     async def create() -> None:
-        async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(root)]) as host:
             host.sessions.create("x" * 5000)
 
     with pytest.raises(InvalidSessionIdError, match=r"session id is too long: 5000 bytes"):
@@ -258,7 +259,7 @@ def test_lossless_values_come_back_unchanged_from_disk(value: JSON) -> None:
         root = Path(scratch)
 
         async def write_and_load() -> Sequence[SessionEvent]:
-            async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+            async with Host([JsonlSessionPersistence(root)]) as host:
                 session = host.sessions.create("s")
                 session.append("note", {"value": value}, ignorable=True)
                 await host.sessions.flush(session)
@@ -280,7 +281,7 @@ def test_lone_surrogates_come_back_unchanged_from_disk(tmp_path: Path, text: str
     session_id = f"s{text}"
 
     async def write() -> tuple[SessionEvent, ...]:
-        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(tmp_path)]) as host:
             session = host.sessions.create(session_id)
             session.append("note", {text: text, "list": [text, {text: [text]}]}, ignorable=True)
             session.append(f"type{text}", {}, ignorable=True)
@@ -674,7 +675,7 @@ def test_a_session_directory_that_links_out_of_the_root_is_never_followed(tmp_pa
 # -- two writers -----------------------------------------------------------------------------
 
 
-CHILD: Final = Path(__file__).with_name("crash_child.py")
+CHILD: Final = SUPPORT / "crash_child.py"
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX file locks")
@@ -694,7 +695,7 @@ def test_a_second_process_is_refused_before_writing_a_byte(tmp_path: Path) -> No
         before = tree(root)
 
         async def second_writer() -> None:
-            async with Host([JsonlSessionPersistence(root)], autoload=False) as host:
+            async with Host([JsonlSessionPersistence(root)]) as host:
                 with pytest.raises(SessionExistsError, match=r"resume\('crash'\)"):
                     host.sessions.create(CRASH_SESSION)
                 locked = f"session {CRASH_SESSION!r} is being written by another process"

@@ -43,8 +43,8 @@ from kai_session_checkpoint_policy.persistence import (
     WriteBehind,
 )
 
-from .paying import paying_host, result_text
-from .persistence_helpers import (
+from ..support.paying import paying_host, result_text
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
     GatedFiles,
@@ -348,7 +348,7 @@ def repair_of(log: StoredLog) -> list[tuple[str, int, object]]:
 
 async def test_events_are_durable_once_flushed_and_not_before(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         assert host.session_persistence is backend
         session = host.sessions.create("s/1")
         first = session.append("turn/start", {"turn": 1})
@@ -367,7 +367,7 @@ async def test_events_are_durable_once_flushed_and_not_before(kit: Kit) -> None:
 
 async def test_a_flush_with_nothing_admitted_takes_no_part(kit: Kit) -> None:
     backend = kit.make()
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("quiet")
         assert await host.sessions.flush(session) is False
         assert backend.statistics().batches == 0
@@ -376,7 +376,7 @@ async def test_a_flush_with_nothing_admitted_takes_no_part(kit: Kit) -> None:
 
 async def test_the_window_writes_in_the_background_while_events_keep_coming(kit: Kit) -> None:
     backend = kit.make(batch_window=0.05)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("window")
         with anyio.fail_after(WAIT):
             # A debounce would never fire while events keep arriving; the window does.
@@ -389,7 +389,7 @@ async def test_the_window_writes_in_the_background_while_events_keep_coming(kit:
 
 async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("barrier")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -417,7 +417,7 @@ async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(kit:
 
 async def test_a_burst_of_32_tool_checkpoints_is_one_batch(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("burst")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -440,7 +440,7 @@ async def test_a_gap_is_refused_and_nothing_is_written(kit: Kit) -> None:
     # The close tries the refused batch again, and raises; what the block saw is checked
     # after it, so that no failed assertion is hidden behind that error.
     with pytest.raises(SeqMismatchError) as at_close:  # noqa: PT012
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             session = host.sessions.create("gap")
             first = session.append("turn/start", {"turn": 1})
             await host.sessions.flush(session)
@@ -461,7 +461,7 @@ async def test_a_gap_is_refused_and_nothing_is_written(kit: Kit) -> None:
 
 async def test_a_failed_write_keeps_its_batch_for_the_next_flush(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("retry")
         first = session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -508,7 +508,7 @@ async def test_a_new_session_cannot_overwrite_a_stored_one(kit: Kit) -> None:
     logged = events(*COMPLETE_TURN)
     kit.seed("taken", logged)
     backend = kit.make()
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         with pytest.raises(SessionExistsError) as refused:
             host.sessions.create("taken")
         assert str(refused.value) == (
@@ -526,7 +526,7 @@ async def test_a_log_another_writer_created_meanwhile_is_not_written_over(kit: K
         "a new session cannot write over it"
     )
     with pytest.raises(SessionExistsError) as at_close:  # noqa: PT012 (checked after the close)
-        async with Host([kit.make()], autoload=False) as host:
+        async with Host([kit.make()]) as host:
             session = host.sessions.create("raced")
             kit.seed("raced", logged)
             session.append("turn/start", {"turn": 1})
@@ -570,7 +570,7 @@ async def test_load_makes_the_repair_durable_once_and_the_session_goes_on(kit: K
     assert kit.stored("crashed") == as_json(loaded.events)
     again = await kit.load("crashed")
     assert (again.events, again.repair) == (loaded.events, ())
-    async with Host([kit.make()], autoload=False) as host:
+    async with Host([kit.make()]) as host:
         resumed = await host.sessions.resume("crashed")
         assert resumed.append("turn/start", {"turn": 3}).seq == 13
     assert [record["seq"] for record in kit.stored("crashed")] == list(range(14))  # type: ignore[index]
@@ -591,7 +591,7 @@ async def test_a_call_that_never_reached_a_durable_tool_call_is_not_started(kit:
 
 async def test_loading_a_live_open_turn_is_refused(kit: Kit) -> None:
     backend = kit.make()
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("open")
         session.append("turn/start", {"turn": 1})
         with pytest.raises(LiveSessionError, match=r"^cannot load session 'open' while its live"):
@@ -603,7 +603,7 @@ async def test_loading_a_live_open_turn_is_refused(kit: Kit) -> None:
 
 
 async def test_closing_the_host_drains_every_session(kit: Kit) -> None:
-    async with Host([kit.make(batch_window=60)], autoload=False) as host:
+    async with Host([kit.make(batch_window=60)]) as host:
         for name in ("a", "b"):
             session = host.sessions.create(name)
             for turn in (1, 2, 3):
@@ -613,7 +613,7 @@ async def test_closing_the_host_drains_every_session(kit: Kit) -> None:
 
 async def test_cancelling_a_flush_never_tears_its_write(kit: Kit) -> None:
     backend = kit.make(batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("shielded")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)

@@ -18,7 +18,7 @@ from kai_session_checkpoint_policy import (
 )
 from kai_session_checkpoint_policy.host import SessionError
 
-from .plugins import FlushListener
+from ..support.plugins import FlushListener
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Generator
@@ -62,7 +62,7 @@ class BrokenEventListener:
 
 @pytest.fixture
 async def host() -> AsyncIterator[Host]:
-    async with Host(autoload=False, clock=lambda: 1_700_000_000_000) as host:
+    async with Host(clock=lambda: 1_700_000_000_000) as host:
         yield host
 
 
@@ -269,7 +269,7 @@ async def test_flush_rejects_a_stale_session_whose_id_is_live_again(
 async def test_flush_rejects_a_session_of_another_store(host: Host, order: list[str]) -> None:
     listener = FlushListener("L", order)
     host.register(listener)
-    async with Host(autoload=False) as other:
+    async with Host() as other:
         foreign = other.sessions.create("foreign")
 
         with pytest.raises(SessionNotLiveError):

@@ -31,7 +31,7 @@ from kai_session_checkpoint_policy.persistence.format import (
     scan_log,
 )
 
-from .persistence_helpers import COMPLETE_TURN, events, log_bytes
+from ..support.persistence_helpers import COMPLETE_TURN, events, log_bytes
 
 PATH = Path("root/s/session.jsonl")
 

@@ -28,7 +28,7 @@ from kai_session_checkpoint_policy.persistence.format import (
 )
 from kai_session_checkpoint_policy.persistence.jsonl import format as log_format
 
-from .strategies import json_values
+from ..support.strategies import json_values
 
 PATH = Path("root/s/session.jsonl")
 

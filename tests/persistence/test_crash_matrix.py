@@ -39,10 +39,10 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
 )
 
-from . import figures
-from .crash_child import CRASH_SESSION, started_calls
-from .invariants import Expected, check_recovery, decode_event, transcript_problems
-from .markers import kill_at_marker
+from ..support import SUPPORT, figures
+from ..support.crash_child import CRASH_SESSION, started_calls
+from ..support.invariants import Expected, check_recovery, decode_event, transcript_problems
+from ..support.markers import kill_at_marker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -54,7 +54,7 @@ pytestmark = [
     pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX"),
 ]
 
-CHILD: Final = Path(__file__).with_name("crash_child.py")
+CHILD: Final = SUPPORT / "crash_child.py"
 PARALLEL: Final = 4
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 
@@ -177,7 +177,7 @@ async def resume(root: Path, recovered: StoredLog) -> list[str]:
     """Run one more turn on the recovered session; return what is wrong with the result."""
     model = Resumed()
     backend = JsonlSessionPersistence(root)
-    host = Host([backend, policy], autoload=False)
+    host = Host([backend, policy])
     host.llm.register_adapter("resumed", model)
     async with host:
         session = host.sessions.create(CRASH_SESSION, seed=recovered.events)

@@ -13,9 +13,9 @@ every point, every appended event and every acknowledged flush.
 
 Run as a script (it imports nothing from the tests), this module is the crash matrix child::
 
-    python tests/crash_child.py TRACE_DIR ROOT --backend asyncio [--point NAME --marker FILE]
+    python tests/support/crash_child.py TRACE ROOT --backend asyncio [--point NAME --marker FILE]
 
-It runs :data:`CRASH_TURN` for session ``crash`` and appends what happens to files in TRACE_DIR
+It runs :data:`CRASH_TURN` for session ``crash`` and appends what happens to files in TRACE
 (``points``, ``events``, ``acks``, ``effects``), each line written straight to the OS so that
 SIGKILL cannot lose it. With ``--point``, on reaching that point it writes the point's name into
 the marker file and blocks the whole process until it is killed.

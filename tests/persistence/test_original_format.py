@@ -1,6 +1,6 @@
 """The original harness's format: its logs read, listed and recovered; ours read back exactly.
 
-The roots under ``fixtures/original-logs`` were written by the original TypeScript backend;
+The roots under ``support/fixtures/original-logs`` were written by the original TypeScript backend;
 each case's ``recovered.jsonl`` is what the original's own recovery made of it (see the
 README there). Every test works on a copy of the root.
 """
@@ -57,7 +57,8 @@ from kai_session_checkpoint_policy.persistence.format import (
 )
 from kai_session_checkpoint_policy.results import OUTCOME_UNKNOWN_TEXT
 
-from .persistence_helpers import (
+from ..support import SUPPORT
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     assistant,
     events,
@@ -70,7 +71,7 @@ from .persistence_helpers import (
     write_log,
 )
 
-FIXTURES: Final = Path(__file__).with_name("fixtures") / "original-logs"
+FIXTURES: Final = SUPPORT / "fixtures" / "original-logs"
 CASES: Final = sorted(path.parent.name for path in FIXTURES.glob("*/case.json"))
 COMMAND: Final = [sys.executable, "-m", "kai_session_checkpoint_policy"]
 
@@ -229,7 +230,7 @@ def test_the_command_line_lists_inspects_and_recovers_each_root(case: Case) -> N
 @pytest.mark.anyio
 async def test_a_recovered_session_of_the_original_goes_on_in_its_own_log(case: Case) -> None:
     backend = JsonlSessionPersistence(case.root, compression="none")  # new logs plain...
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("p", answer_model)
         session = await host.sessions.resume(case.session_id)
         outcome = await Agent(host, session, provider="p", model="m").run_turn("and now?")
@@ -281,7 +282,7 @@ async def write_session(
     root: Path, compression: Compression, pack: bool
 ) -> tuple[SessionEvent, ...]:
     backend = JsonlSessionPersistence(root, compression=compression, pack_chunks=pack)
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("p", streaming_model)
         host.tools.register(Tool("read", read))
         session = host.sessions.create("s")
@@ -596,7 +597,7 @@ def test_writing_a_session_whose_earlier_log_was_not_converted_is_refused(tmp_pa
 
     async def write() -> None:
         backend = JsonlSessionPersistence(tmp_path)
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             stored = await backend.inspect("old/1")
             session = host.sessions.create("old/1", seed=stored.events)
             session.append("turn/start", {"turn": 3})

@@ -4,7 +4,7 @@ The record holds the git blob hash of each side (what ``git hash-object FILE`` p
 last time both sides said the same. A change to either side without bringing the other along
 shows as a hash that no longer matches. After updating both, re-record::
 
-    python -m tests.readme_pair --write
+    python -m tests.support.readme_pair --write
 
 Without ``--write`` it only checks, and exits 1 if the record is stale.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-ROOT: Final = Path(__file__).resolve().parent.parent
+ROOT: Final = Path(__file__).resolve().parents[2]
 RECORD: Final = ROOT / "README.i18n.yaml"
 SIDES: Final = ("README.md", "README.zh.md")
 
@@ -24,7 +24,7 @@ _HEADER: Final = """\
 # Translation-pair record for the README: the git blob hash (`git hash-object FILE`) of each
 # side as of the last time both said the same. Neither side is the original; after changing
 # one, bring the other along, then re-record with:
-#   python -m tests.readme_pair --write
+#   python -m tests.support.readme_pair --write
 """
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         RECORD.write_text(render(current()), encoding="utf-8")
         return 0
     if argv:
-        print("usage: python -m tests.readme_pair [--write]", file=sys.stderr)
+        print("usage: python -m tests.support.readme_pair [--write]", file=sys.stderr)
         return 2
     stale = stale_sides()
     for side in stale:

@@ -16,7 +16,7 @@ from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, O
 from kai_session_checkpoint_policy.persistence.jsonl import backend as jsonl_module
 from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
-from .persistence_helpers import FailingFiles, GatedFiles
+from ..support.persistence_helpers import FailingFiles, GatedFiles
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -80,7 +80,7 @@ async def test_a_window_opened_after_a_flush_is_still_written_in_the_background(
     tmp_path: Path,
 ) -> None:
     backend = JsonlSessionPersistence(tmp_path, batch_window=0.05)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("windows")
         for expected in (1, 2, 3):
             session.append("assistant/chunk", {"n": expected})  # opens a window
@@ -112,7 +112,7 @@ class ThreadRecordingFiles(FailingFiles):
 
 async def _flush_three_times(backend: JsonlSessionPersistence) -> None:
     """Flush one event into a new file (a publish), then one more twice (appends)."""
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("placed")
         for turn in (1, 2, 3):
             session.append("turn/start", {"turn": turn})
@@ -136,7 +136,7 @@ async def test_after_a_failed_write_the_log_is_read_again_off_the_loop(
 ) -> None:
     files = ThreadRecordingFiles()
     backend = JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("suspect")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -190,7 +190,7 @@ async def test_after_a_write_slower_than_the_limit_the_next_goes_to_a_worker(
 async def test_a_background_batch_is_written_in_a_worker(tmp_path: Path) -> None:
     files = ThreadRecordingFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("background")
         session.append("turn/start", {"turn": 1})
         assert await anyio.to_thread.run_sync(files.written.wait, 10)
@@ -225,7 +225,7 @@ async def test_a_flush_that_writes_on_the_loop_returns_without_a_scheduler_round
                     group.start_soon(other_task)
 
         backend = JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=StartingFiles())
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             session = host.sessions.create("inline")
             for turn in (1, 2):
                 session.append("turn/start", {"turn": turn})
@@ -241,7 +241,7 @@ async def test_closing_drains_events_admitted_meanwhile_and_releases_every_sessi
 ) -> None:
     files = GatedFiles()
     backend = JsonlSessionPersistence(tmp_path, inline_write_limit=0, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         first, second = host.sessions.create("first"), host.sessions.create("second")
         for session in (first, second):
             session.append("turn/start", {"turn": 1})
@@ -264,7 +264,7 @@ async def test_a_failed_background_batch_is_written_again_in_the_next_window(
 ) -> None:
     files = FailingFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("retried")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)

@@ -33,8 +33,8 @@ from kai_session_checkpoint_policy.persistence.format import (
     scan_log,
 )
 
-from .persistence_helpers import compressed
-from .strategies import json_values
+from ..support.persistence_helpers import compressed
+from ..support.strategies import json_values
 
 ALL_TYPES = sorted(KNOWN_EVENT_TYPES)
 data_objects = st.dictionaries(st.text(max_size=4), json_values, max_size=4)

@@ -151,7 +151,7 @@ class FlushCounter:
 def make_host(recorder: FlushRecorder | None, adapter: RecordingAdapter, *plugins: object) -> Host:
     """A host with *recorder* as its backend (if any), then *plugins*, and a ``write`` tool."""
     backend = () if recorder is None else (recorder.plugin,)
-    host = Host([*backend, *plugins], autoload=False)
+    host = Host([*backend, *plugins])
     host.llm.register_adapter("mock", adapter)
 
     async def write(execution: ToolExecution) -> JSON:

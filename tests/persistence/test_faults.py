@@ -37,8 +37,8 @@ from kai_session_checkpoint_policy.persistence import (
 from kai_session_checkpoint_policy.persistence.format import log_name
 from kai_session_checkpoint_policy.persistence.jsonl import files as files_module
 
-from . import figures
-from .crash_child import (
+from ..support import figures
+from ..support.crash_child import (
     CRASH_TURN,
     Append,
     Flush,
@@ -48,8 +48,8 @@ from .crash_child import (
     Workload,
     run_workload,
 )
-from .invariants import Expected, dispatch_problems
-from .simfs import (
+from ..support.invariants import Expected, dispatch_problems
+from ..support.simfs import (
     FAULT_KINDS,
     STORE,
     CrashImage,
@@ -62,7 +62,7 @@ from .simfs import (
     durable_image_of,
     normalized,
 )
-from .strategies import workloads
+from ..support.strategies import workloads
 
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 EXAMPLES: Final = 150 if LONG else 10
@@ -244,7 +244,7 @@ async def test_a_failed_open_after_the_log_is_created_does_not_wedge_it(tmp_path
     again and failed with ``FileExistsError``, for as long as the process lived.
     """
     backend = JsonlSessionPersistence(tmp_path, files=FirstOpenFails())
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         for flush in range(3):
             session.append("note", {"flush": flush}, ignorable=True)
@@ -285,7 +285,7 @@ async def test_a_directory_whose_creation_was_not_made_durable_is_made_durable_l
     root = tmp_path / "root"
     files = FirstDirectorySyncFails()
     backend = JsonlSessionPersistence(root, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("s")
         session.append("note", {}, ignorable=True)
         with pytest.raises(OSError, match="injected"):

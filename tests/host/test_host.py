@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from kai_session_checkpoint_policy.host import (
     MissingImplementationError,
 )
 
-from .persistence_helpers import find_log
+from ..support.persistence_helpers import find_log
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -99,10 +100,8 @@ def test_the_package_declares_its_entry_points() -> None:
     assert declared[JSONL] == JSONL_MODULE
 
 
-async def test_autoload_registers_the_policy_and_its_companion(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+@pytest.mark.usefixtures("entry_point_autoload")
+async def test_autoload_registers_the_policy_and_its_companion() -> None:
     block = () if jsonl_importable() else (JSONL,)
 
     with pytest.warns(NoPersistenceWarning, match="offers no session_persistence"):  # noqa: PT031
@@ -113,10 +112,10 @@ async def test_autoload_registers_the_policy_and_its_companion(
             assert host.invariants.registered() == ("kai-session-checkpoint-policy",)
 
 
-async def test_autoload_registers_the_jsonl_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("entry_point_autoload")
+async def test_autoload_registers_the_jsonl_backend() -> None:
     if not jsonl_importable():
         pytest.skip(f"the {JSONL} entry point's module {JSONL_MODULE} does not exist yet")
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     plugin = importlib.import_module(JSONL_MODULE)
 
     with pytest.warns(NoPersistenceWarning):
@@ -134,8 +133,8 @@ def test_the_environment_variable_turns_autoload_off(monkeypatch: pytest.MonkeyP
     assert host.pm.get_plugin(JSONL) is None
 
 
-def test_autoload_false_loads_no_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+@pytest.mark.usefixtures("entry_point_autoload")
+def test_autoload_false_loads_no_entry_point() -> None:
 
     host = Host(autoload=False)
 
@@ -146,10 +145,22 @@ def test_autoload_false_loads_no_entry_point(monkeypatch: pytest.MonkeyPatch) ->
     ]
 
 
-def test_a_blocked_entry_point_is_not_loaded_nor_registrable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+def test_the_suite_turns_autoload_off_for_every_host_it_builds() -> None:
+    # tests/conftest.py sets the variable once for the run, so a host built here without the
+    # ``autoload`` argument has only its built-in plugins, whatever is installed
+    assert os.environ.get(AUTOLOAD_ENV) == "1"
+
+    host = Host()
+
+    assert sorted(name for name, _ in host.pm.list_name_plugin()) == [
+        "kai-host-llm",
+        "kai-host-pre-step",
+        "kai-host-tools",
+    ]
+
+
+@pytest.mark.usefixtures("entry_point_autoload")
+def test_a_blocked_entry_point_is_not_loaded_nor_registrable() -> None:
     block = (POLICY,) if jsonl_importable() else (POLICY, JSONL)
 
     host = Host(block=block)
@@ -167,7 +178,7 @@ def test_a_blocked_entry_point_is_not_loaded_nor_registrable(
 async def test_plugins_are_configured_when_the_host_opens() -> None:
     log: list[str] = []
     early = Lifecycle("early", log)
-    host = Host([early], autoload=False)
+    host = Host([early])
     assert log == []
 
     async with host:
@@ -179,7 +190,7 @@ async def test_plugins_are_configured_when_the_host_opens() -> None:
 
 async def test_a_plugin_registered_on_an_open_host_is_configured_at_once() -> None:
     log: list[str] = []
-    async with Host(autoload=False) as host:
+    async with Host() as host:
         late = Lifecycle("late", log)
         assert host.register(late) == "late"
         assert log == ["late:configure"]
@@ -189,7 +200,7 @@ async def test_a_plugin_registered_on_an_open_host_is_configured_at_once() -> No
 async def test_unregister_unconfigures_only_that_plugin() -> None:
     log: list[str] = []
     first, second = Lifecycle("first", log), Lifecycle("second", log)
-    async with Host([first, second], autoload=False) as host:
+    async with Host([first, second]) as host:
         log.clear()
 
         host.unregister(first)
@@ -203,7 +214,7 @@ async def test_unregister_unconfigures_only_that_plugin() -> None:
 async def test_hooks_may_take_none_of_the_arguments() -> None:
     log: list[str] = []
     plugin = ArgumentlessLifecycle(log)
-    async with Host([plugin], autoload=False) as host:
+    async with Host([plugin]) as host:
         host.unregister(plugin)
 
     assert log == ["argumentless:configure", "argumentless:unconfigure"]
@@ -211,7 +222,7 @@ async def test_hooks_may_take_none_of_the_arguments() -> None:
 
 async def test_unregister_removes_the_plugin_even_if_unconfiguring_fails() -> None:
     plugin = BrokenUnconfigure()
-    async with Host([plugin], autoload=False) as host:
+    async with Host([plugin]) as host:
         with pytest.raises(RuntimeError, match=r"^unconfigure broke$"):
             host.unregister(plugin)
 
@@ -221,7 +232,7 @@ async def test_unregister_removes_the_plugin_even_if_unconfiguring_fails() -> No
 def test_unregister_before_opening_does_not_unconfigure() -> None:
     log: list[str] = []
     plugin = Lifecycle("never-opened", log)
-    host = Host([plugin], autoload=False)
+    host = Host([plugin])
 
     host.unregister(plugin)
 
@@ -246,7 +257,7 @@ async def test_closing_runs_cleanups_last_added_first_before_cancelling_backgrou
 
         return run
 
-    host = await Host([Lifecycle("plugin", log)], autoload=False).__aenter__()
+    host = await Host([Lifecycle("plugin", log)]).__aenter__()
     host.task_group.start_soon(background)
     host.add_cleanup(cleanup("first"))
     host.add_cleanup(cleanup("second", fail=True))
@@ -267,7 +278,7 @@ async def test_closing_runs_cleanups_last_added_first_before_cancelling_backgrou
 
 
 async def test_a_host_is_used_only_while_open() -> None:
-    host = Host(autoload=False)
+    host = Host()
     with pytest.raises(HostStateError, match=r"^the host is not open; use 'async with host:'$"):
         _ = host.task_group
     with pytest.raises(HostStateError):
@@ -284,7 +295,7 @@ async def test_a_host_is_used_only_while_open() -> None:
 
 
 async def test_a_boundary_without_an_implementation_is_a_clear_error() -> None:
-    async with Host(autoload=False) as host:
+    async with Host() as host:
         host.pm.unregister(name="kai-host-llm")
 
         with pytest.raises(
@@ -310,7 +321,7 @@ class FailingConfigure:
 
 async def test_a_configure_hook_that_raises_leaves_nothing_entered() -> None:
     log: list[str] = []
-    host = Host([Lifecycle("first", log), FailingConfigure(log)], autoload=False)
+    host = Host([Lifecycle("first", log), FailingConfigure(log)])
     cleanup_ran: list[str] = []
 
     @hookimpl
@@ -338,7 +349,7 @@ async def _append(log: list[str], entry: str) -> None:
 
 async def test_an_exception_inside_the_host_comes_out_as_itself(tmp_path: Path) -> None:
     with pytest.raises(KeyError) as caught:  # noqa: PT012
-        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(tmp_path)]) as host:
             host.sessions.create("s").append("turn/start", {"turn": 1})  # a window timer runs
             raise KeyError("from the block")
     assert type(caught.value) is KeyError
@@ -347,7 +358,7 @@ async def test_an_exception_inside_the_host_comes_out_as_itself(tmp_path: Path) 
 
 async def test_a_cancelled_caller_still_drains_the_queues_at_close(tmp_path: Path) -> None:
     with anyio.CancelScope() as scope:
-        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(tmp_path)]) as host:
             for session_id in ("s1", "s2", "s3"):
                 host.sessions.create(session_id).append("turn/start", {"turn": 1})
             scope.cancel()

@@ -42,9 +42,9 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.persistence.postgres_store import Batch, PostgresSessionStore
 
-from .paying import paying_host, result_text
-from .persistence_helpers import event
-from .postgres_server import PostgresServer
+from ..support.paying import paying_host, result_text
+from ..support.persistence_helpers import event
+from ..support.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
@@ -131,6 +131,7 @@ async def written_session(host: Host, session_id: str) -> Session:
 # -- configuration ------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_the_entry_point_configures_a_backend_from_host_options(postgres_dsn: str) -> None:
     options = {"postgres.dsn": postgres_dsn, "postgres.lease_ttl": 2}
     async with Host(options=options) as host:
@@ -157,6 +158,7 @@ async def test_the_entry_point_configures_a_backend_from_host_options(postgres_d
         ),
     ],
 )
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_bad_host_option_is_named(options: dict[str, object], message: str) -> None:
     with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
         async with Host(options=options):
@@ -219,7 +221,7 @@ async def test_a_long_log_is_read_whole_and_a_damaged_event_in_it_is_named(
 
 async def test_a_session_live_on_one_host_is_locked_for_another(make: Any, admin: Admin) -> None:
     first, second = make(owner="host-a"), make(owner="host-b")
-    async with Host([first], autoload=False) as host:
+    async with Host([first]) as host:
         session = await written_session(host, "shared")
         session.append("step/start", {"turn": 1, "step": 1})
         with pytest.raises(SessionLockedError) as locked:
@@ -239,7 +241,7 @@ async def test_a_session_live_on_one_host_is_locked_for_another(make: Any, admin
 
 async def test_the_lease_is_renewed_in_the_background_past_its_ttl(make: Any, admin: Admin) -> None:
     backend, other = make(owner="host-a", lease_ttl=0.6), make(owner="host-b")
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         await written_session(host, "kept")
         (first_expiry,) = fetch(admin, "SELECT expires_at FROM kai_sessions.leases")
         # Two ttls later, by the database's clock; the event loop runs the renewals meanwhile.
@@ -254,7 +256,7 @@ async def test_a_lease_that_expired_while_nobody_took_it_over_goes_on(
     make: Any, admin: Admin
 ) -> None:
     backend = make(owner="host-a", batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = await written_session(host, "paused")
         # As if the database had been down (or this host paused) for longer than the ttl.
         admin.execute("UPDATE kai_sessions.leases SET expires_at = clock_timestamp()")
@@ -293,7 +295,7 @@ async def test_a_host_whose_lease_was_taken_over_is_fenced_and_runs_no_tool_body
     )
     later: list[str] = []
     with pytest.raises(LeaseLostError) as at_close:  # noqa: PT012 (checked after the close)
-        async with Host([backend, policy], autoload=False) as host:
+        async with Host([backend, policy]) as host:
             host.llm.register_adapter("scripted", model)
             host.tools.register(Tool("pay", pay))
             session = host.sessions.create("fenced")
@@ -327,7 +329,7 @@ async def test_a_flush_with_nothing_to_write_is_refused_once_the_lease_is_lost(
     make: Any, admin: Admin
 ) -> None:
     backend = make(owner="host-a", lease_ttl=0.6, batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = await written_session(host, "lost")
         # Another host takes the lease over (forced here) while host-a holds it.
         admin.execute(
@@ -354,7 +356,7 @@ async def test_batches_due_while_a_commit_is_in_flight_share_one_transaction(
     make: Any, admin: Admin, postgres_dsn: str
 ) -> None:
     backend = make(batch_window=60, lock_timeout=WAIT)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         sessions = [await written_session(host, f"s{index:02}") for index in range(20)]
         for session in sessions:
             session.append("step/start", {"turn": 1, "step": 1})
@@ -408,7 +410,7 @@ async def test_a_refused_batch_in_a_shared_transaction_fails_only_its_session(
 
     names = ("first", "a", "bad", "b")
     with pytest.raises(refused):  # noqa: PT012 (checked after the close, which tries again)
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             sessions = [await written_session(host, name) for name in names]
             for session in sessions:
                 session.append("step/start", {"turn": 1, "step": 1})
@@ -451,7 +453,7 @@ async def test_a_lost_acknowledgement_neither_duplicates_nor_loses_the_batch(
         commit(batches)  # durable on the server...
         raise PersistenceError("the connection dropped before the COMMIT was acknowledged")
 
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = await written_session(host, "ack")
         session.append("step/start", {"turn": 1, "step": 1})
         session.append("user/message", {"n": 1})
@@ -512,7 +514,7 @@ async def test_an_immediate_restart_in_the_middle_of_a_run_loses_no_acknowledged
         await anyio.to_thread.run_sync(postgres_server.restart, "immediate")
         restarted.set()
 
-    async with Host([backend], autoload=False) as host, anyio.create_task_group() as group:
+    async with Host([backend]) as host, anyio.create_task_group() as group:
         session = host.sessions.create("restarted")
         after_restart = 0
         while after_restart < 20:

@@ -60,7 +60,7 @@ async def paying_host(
             yield TextDelta("done")
             yield Finish("stop")
 
-    async with Host(list(plugins), autoload=False) as host:
+    async with Host(list(plugins)) as host:
         paying = Paying(host)
 
         async def pay(execution: ToolExecution) -> str:

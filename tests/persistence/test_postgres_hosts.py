@@ -29,8 +29,8 @@ from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS
 from kai_session_checkpoint_policy.persistence.format import read_header
 from kai_session_checkpoint_policy.persistence.postgres_store import PostgresSessionStore
 
-from .markers import MARKER_TIMEOUT, kill_at_marker, reap, start_agent, wait_for_marker
-from .persistence_helpers import (
+from ..support.markers import MARKER_TIMEOUT, kill_at_marker, reap, start_agent, wait_for_marker
+from ..support.persistence_helpers import (
     assistant,
     events,
     find_log,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from . import postgres_server as pg
-from .readme_pair import ROOT
+from ..support import postgres_server as pg
+from ..support.readme_pair import ROOT
 
 pytest_plugins = ["pytester"]
 

@@ -21,10 +21,10 @@ import pytest
 
 from kai_session_checkpoint_policy import Host, JsonlSessionPersistence, PersistenceError
 
-from . import figures
-from .persistence_helpers import find_log, lines, log_path
+from ..support import SUPPORT, figures
+from ..support.persistence_helpers import find_log, lines, log_path
 
-LONG_RUN_CHILD: Final = Path(__file__).with_name("long_run_child.py")
+LONG_RUN_CHILD: Final = SUPPORT / "long_run_child.py"
 
 
 def open_descriptors() -> int:
@@ -38,7 +38,7 @@ def stored_types(root: Path, session_id: str) -> list[object]:
 @pytest.mark.anyio
 async def test_closing_a_session_releases_its_files_and_its_events(tmp_path: Path) -> None:
     backend = JsonlSessionPersistence(tmp_path)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         before = open_descriptors()
         session = host.sessions.create("s")
         session.append("turn/start", {"turn": 1})
@@ -64,7 +64,7 @@ async def test_a_session_detached_with_queued_events_is_written_then_released(
     tmp_path: Path,
 ) -> None:
     backend = JsonlSessionPersistence(tmp_path, batch_window=3600)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         before = open_descriptors()
         session = host.sessions.create("s")
         session.append("turn/start", {"turn": 1})
@@ -79,7 +79,7 @@ async def test_a_session_detached_with_queued_events_is_written_then_released(
 @pytest.mark.anyio
 async def test_more_live_sessions_than_open_files_allowed(tmp_path: Path) -> None:
     backend = JsonlSessionPersistence(tmp_path, max_open_sessions=2)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         before = open_descriptors()
         sessions = [host.sessions.create(f"s{index}") for index in range(6)]
         for turn in (1, 2):
@@ -99,7 +99,7 @@ async def test_a_log_changed_while_its_files_were_closed_is_refused(tmp_path: Pa
     log = log_path(tmp_path, "first")
     refused = r"session.jsonl changed while its files were closed: it holds 179 bytes where 159"
     with pytest.raises(PersistenceError, match=refused):  # noqa: PT012 - the close tries again
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             first, second = host.sessions.create("first"), host.sessions.create("second")
             for session in (first, second):  # the second's write closes the first's files
                 session.append("turn/start", {"turn": 1})

@@ -32,10 +32,10 @@ from kai_session_checkpoint_policy.persistence.postgres_store import (
     migration_lock_key,
 )
 
-from .persistence_helpers import COMPLETE_TURN, T0, event, events, log_bytes
+from ..support.persistence_helpers import COMPLETE_TURN, T0, event, events, log_bytes
 
 if TYPE_CHECKING:
-    from .postgres_server import PostgresServer
+    from ..support.postgres_server import PostgresServer
 
 Admin: TypeAlias = "psycopg.Connection[tuple[Any, ...]]"
 OpenStore: TypeAlias = Callable[..., PostgresSessionStore]

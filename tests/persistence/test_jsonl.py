@@ -43,7 +43,7 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
 )
 
-from .persistence_helpers import (
+from ..support.persistence_helpers import (
     COMPLETE_TURN,
     FailingFiles,
     GatedFiles,
@@ -72,7 +72,7 @@ def append_turn_start(session: Session, count: int = 1) -> None:
 @pytest.fixture
 async def opened(tmp_path: Path) -> AsyncIterator[tuple[Host, JsonlSessionPersistence]]:
     backend = JsonlSessionPersistence(tmp_path / "root")
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         yield host, backend
 
 
@@ -85,7 +85,7 @@ async def test_opening_the_host_makes_it_the_persistence_service(
 
 async def test_nothing_is_created_before_the_first_write(tmp_path: Path) -> None:
     backend = JsonlSessionPersistence(tmp_path / "root", batch_window=60)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("lazy")
         session.append("turn/start", {"turn": 1})
         assert not (tmp_path / "root").exists()
@@ -146,7 +146,7 @@ async def test_the_window_writes_in_the_background_even_while_events_keep_coming
 ) -> None:
     files = GatedFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=0.05, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("window")
         with anyio.fail_after(10):
             # A debounce would never fire while events keep arriving; the window does.
@@ -162,7 +162,7 @@ async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(
 ) -> None:
     files = GatedFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=60, inline_write_limit=0, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("barrier")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)  # the file exists; later batches are appends
@@ -215,7 +215,7 @@ async def test_a_gap_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
         r"the stored log holds 1 events, so seq 1 was expected"
     )
     with pytest.raises(SeqMismatchError, match=expected):  # noqa: PT012 (raised again at close)
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             session = host.sessions.create("gap")
             session.append("turn/start", {"turn": 1})
             await host.sessions.flush(session)
@@ -233,7 +233,7 @@ async def test_a_failed_append_is_rolled_back_and_retried_whole(
 ) -> None:
     files = FailingFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("retry")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -254,7 +254,7 @@ async def test_a_failed_append_is_rolled_back_and_retried_whole(
 async def test_a_failed_rollback_reports_both_errors(tmp_path: Path) -> None:
     files = FailingFiles()
     backend = JsonlSessionPersistence(tmp_path, batch_window=60, files=files)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         session = host.sessions.create("stuck")
         session.append("turn/start", {"turn": 1})
         await host.sessions.flush(session)
@@ -271,14 +271,14 @@ async def test_a_failed_rollback_reports_both_errors(tmp_path: Path) -> None:
 
 
 async def test_a_second_writer_of_a_session_is_refused_before_writing(tmp_path: Path) -> None:
-    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as first:
+    async with Host([JsonlSessionPersistence(tmp_path)]) as first:
         session = first.sessions.create("shared")
         session.append("turn/start", {"turn": 1})
         await first.sessions.flush(session)
         size = log_path(tmp_path, "shared").stat().st_size
         locked = "'shared' is being written by another process"
         with pytest.raises(SessionLockedError, match=locked):  # noqa: PT012 (raised again at close)
-            async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as second:
+            async with Host([JsonlSessionPersistence(tmp_path)]) as second:
                 rival = second.sessions.create("shared", seed=session.events)
                 rival.append("step/start", {"turn": 1, "step": 1})
                 with pytest.raises(SessionLockedError, match=locked):
@@ -289,7 +289,7 @@ async def test_a_second_writer_of_a_session_is_refused_before_writing(tmp_path: 
 async def test_a_new_session_cannot_overwrite_a_stored_one(tmp_path: Path) -> None:
     path = write_log(tmp_path, "taken", log_bytes("taken", events(*COMPLETE_TURN)))
     before = path.read_bytes()
-    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path)]) as host:
         with pytest.raises(SessionExistsError) as refused:
             host.sessions.create("taken")
         assert str(refused.value) == (
@@ -305,7 +305,7 @@ async def test_a_log_another_process_created_meanwhile_is_not_written_over(
 ) -> None:
     exists = r"^session 'raced' already has a log of 6 events at .*; a new session cannot write"
     with pytest.raises(SessionExistsError, match=exists):  # noqa: PT012 - the close tries again
-        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(tmp_path)]) as host:
             session = host.sessions.create("raced")
             path = write_log(tmp_path, "raced", log_bytes("raced", events(*COMPLETE_TURN)))
             before = path.read_bytes()
@@ -319,7 +319,7 @@ async def test_resume_continues_a_stored_session_and_open_picks_resume_or_create
     tmp_path: Path,
 ) -> None:
     write_log(tmp_path, "stored", log_bytes("stored", events(*COMPLETE_TURN)))
-    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path)]) as host:
         resumed = await host.sessions.open("stored")
         assert [event.type for event in resumed.events] == [t for t, _ in COMPLETE_TURN]
         assert host.sessions.get("stored") is resumed
@@ -376,7 +376,7 @@ async def test_load_cuts_the_torn_tail_closes_the_turn_and_continues_the_log(
         "torn_bytes=21, "
         f"location={str(path)!r})"
     )
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         resumed = host.sessions.create("crashed", seed=loaded.events)
         assert resumed.append("turn/start", {"turn": 3}).seq == 10
     assert [line.get("seq") for line in lines(path)] == [None, *range(11)]
@@ -409,6 +409,7 @@ async def test_list_sessions_reads_only_headers(tmp_path: Path) -> None:
     assert await JsonlSessionPersistence(tmp_path / "absent").list_sessions() == []
 
 
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: Path) -> None:
     options = {
         "jsonl.root": str(tmp_path),
@@ -439,6 +440,7 @@ async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: 
         ("jsonl.pack_chunks", "yes", "must be True or False, not 'yes'"),
     ],
 )
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_format_option_must_be_one_the_backend_knows(
     option: str, value: str, problem: str, tmp_path: Path
 ) -> None:
@@ -448,6 +450,7 @@ async def test_a_format_option_must_be_one_the_backend_knows(
 
 
 @pytest.mark.parametrize("option", ["jsonl.batch_window", "jsonl.inline_write_limit"])
+@pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_host_option_in_seconds_must_be_a_number(option: str, tmp_path: Path) -> None:
     message = f"host option '{option}' must be seconds, not '1s'"
     with pytest.raises(TypeError, match=re.escape(message)):
@@ -492,7 +495,7 @@ async def test_concurrent_tool_checkpoints_of_a_turn_share_one_fsync(tmp_path: P
         await all_started.wait()  # every body runs at the same time
         return execution.call_id
 
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("scripted", model)
         host.tools.register(Tool("lookup", lookup, concurrency_safe=True))
         session = host.sessions.create("parallel")

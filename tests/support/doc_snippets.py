@@ -13,7 +13,7 @@ where the code comes from::
 ``pyobject=NAME`` takes a top-level class or function, ``between=LABEL`` the lines between
 ``# example: LABEL`` and ``# example: end``, ``from-line=N`` the lines from line N on, and
 nothing at all the whole file. Run
-``python tests/doc_snippets.py`` to rewrite every block from its file after changing one.
+``python tests/support/doc_snippets.py`` to rewrite every block from its file after changing one.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-DOCS: Final = Path(__file__).resolve().parent.parent / "docs"
+DOCS: Final = Path(__file__).resolve().parents[2] / "docs"
 
 MARKER: Final = re.compile(
     r"^<!-- example: (?P<path>\S+)(?: (?P<kind>pyobject|between|from-line)=(?P<name>\S+))? -->\n"

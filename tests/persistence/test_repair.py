@@ -9,7 +9,7 @@ from kai_session_checkpoint_policy.persistence import (
     interrupted_turn_closers,
 )
 
-from .persistence_helpers import COMPLETE_TURN, assistant, events, tool_call, tool_result
+from ..support.persistence_helpers import COMPLETE_TURN, assistant, events, tool_call, tool_result
 
 UNKNOWN = {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"}
 OPEN_TURN_2: list[tuple[str, JSONObject]] = [

@@ -36,8 +36,8 @@ from kai_session_checkpoint_policy.persistence import (
 from kai_session_checkpoint_policy.persistence.format import Compression, log_name
 from kai_session_checkpoint_policy.persistence.jsonl import files as files_module
 
-from . import figures
-from .crash_child import (
+from ..support import figures
+from ..support.crash_child import (
     CRASH_SESSION,
     CRASH_TURN,
     Append,
@@ -48,8 +48,8 @@ from .crash_child import (
     Workload,
     run_workload,
 )
-from .simfs import STORE, RecordingOs, SimFiles, explore, materialize, normalized
-from .strategies import workloads
+from ..support.simfs import STORE, RecordingOs, SimFiles, explore, materialize, normalized
+from ..support.strategies import workloads
 
 LONG: Final = bool(os.environ.get("KAI_LONG_RELIABILITY"))
 EXAMPLES: Final = 200 if LONG else 8

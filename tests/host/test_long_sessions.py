@@ -57,7 +57,7 @@ async def run_turns(root: Path, count: int, files: OsFiles | None = None) -> lis
     sent in the last request."""
     adapter = RecordingAdapter()
     backend = JsonlSessionPersistence(root, files=files, pack_chunks=False)
-    async with Host([backend, policy], autoload=False) as host:
+    async with Host([backend, policy]) as host:
         host.llm.register_adapter("mock", adapter)
         session = await host.sessions.open("long")
         agent = Agent(host, session, provider="mock", model="m")
@@ -86,7 +86,7 @@ async def test_a_resumed_session_keeps_its_lock_until_it_is_detached(tmp_path: P
     writes the log in between, so that write needs to read nothing."""
     await run_turns(tmp_path, 1)
     files = CountingFiles()
-    async with Host([JsonlSessionPersistence(tmp_path, files=files)], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path, files=files)]) as host:
         session = await host.sessions.resume("long")
         with pytest.raises(SessionLockedError, match="is being written by another process"):
             await run_turns(tmp_path, 1)  # another host
@@ -111,7 +111,7 @@ async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Pa
     refusals: list[str] = []
 
     async def write_after_another_host() -> None:
-        async with Host([backend], autoload=False) as host:
+        async with Host([backend]) as host:
             session = host.sessions.create("long", seed=loaded.events)
             session.append("turn/start", {"turn": 2})
             with pytest.raises(SeqMismatchError) as refused:
@@ -137,7 +137,7 @@ async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Pa
 async def test_a_resumed_session_holds_as_objects_only_the_events_read(tmp_path: Path) -> None:
     await run_turns(tmp_path, 3)
     before = live_chunks()
-    async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path)]) as host:
         session = await host.sessions.resume("long")
         assert session.seq == 3 * (CHUNKS + 6) + 2  # one request header and context
         assert live_chunks() == before
@@ -161,7 +161,7 @@ async def test_an_agent_reads_only_what_its_requests_need(tmp_path: Path) -> Non
     await run_turns(tmp_path, 3)
     before = live_chunks()
     adapter = RecordingAdapter()
-    async with Host([JsonlSessionPersistence(tmp_path), policy], autoload=False) as host:
+    async with Host([JsonlSessionPersistence(tmp_path), policy]) as host:
         host.llm.register_adapter("mock", adapter)
         session = await host.sessions.resume("long")
         agent = Agent(host, session, provider="mock", model="m")
@@ -180,12 +180,12 @@ async def test_the_locks_kept_for_resumed_sessions_stay_within_max_open_sessions
 ) -> None:
     closed: JSONObject = {"turn": 1, "reason": {"kind": "completed"}}
     for number in range(4):
-        async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
+        async with Host([JsonlSessionPersistence(tmp_path)]) as host:
             session = host.sessions.create(f"s{number}")
             session.append("turn/start", {"turn": 1})
             session.append("turn/end", closed)
     backend = JsonlSessionPersistence(tmp_path, max_open_sessions=2)
-    async with Host([backend], autoload=False) as host:
+    async with Host([backend]) as host:
         sessions = [await host.sessions.resume(f"s{number}") for number in range(4)]
         other = JsonlSessionPersistence(tmp_path)
         for number in (0, 1):  # the oldest gave their locks back
