@@ -27,7 +27,8 @@ from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_N
 from kai_session_checkpoint_policy.eventdata import tool_result as tool_result_data
 from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
-from kai_session_checkpoint_policy.persistence.format import compress_frame, encode_session_id
+from kai_session_checkpoint_policy.persistence.ids import encode_session_id
+from kai_session_checkpoint_policy.persistence.jsonl.format import compress_frame
 
 from .support.markers import kill_at_marker, reap, start_agent
 from .support.persistence_helpers import (

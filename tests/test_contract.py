@@ -105,7 +105,7 @@ async def test_a_backend_is_all_the_policy_needs_to_stay_quiet(tmp_path: Path) -
 @pytest.mark.anyio
 async def test_an_unknown_host_option_is_an_error_naming_it_and_the_known_ones() -> None:
     host = Host(options={"jsonl.roots": "/tmp/x"})
-    from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
+    from kai_session_checkpoint_policy.persistence.jsonl import plugin as jsonl_entry_point
 
     host.register(jsonl_entry_point)
     with pytest.raises(HostOptionError) as refused:
@@ -174,14 +174,14 @@ def test_a_plugin_without_a_name_is_registered_under_its_class_or_module_name() 
     qualified = f"{__name__}.{Unnamed.__qualname__}"
     assert first == qualified
     assert second.startswith(f"{qualified}#")
-    from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
+    from kai_session_checkpoint_policy.persistence.jsonl import plugin as jsonl_entry_point
 
     assert host.register(jsonl_entry_point) == "session-persistence-jsonl"
 
 
 @pytest.mark.anyio
 async def test_the_jsonl_root_option_takes_a_path(tmp_path: Path) -> None:
-    from kai_session_checkpoint_policy.persistence import plugin as jsonl_entry_point
+    from kai_session_checkpoint_policy.persistence.jsonl import plugin as jsonl_entry_point
 
     async with Host([jsonl_entry_point], options={"jsonl.root": tmp_path}) as host:
         assert isinstance(host.session_persistence, JsonlSessionPersistence)

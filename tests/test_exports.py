@@ -58,7 +58,7 @@ import kai_session_checkpoint_policy.cli
 import kai_session_checkpoint_policy.persistence
 import kai_session_checkpoint_policy.pytest_plugin
 try:
-    import kai_session_checkpoint_policy.persistence.postgres_store
+    import kai_session_checkpoint_policy.persistence.postgres.store
 except ImportError as refused:
     print("refused:", refused.name)
 """

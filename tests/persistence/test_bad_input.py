@@ -53,13 +53,9 @@ from kai_session_checkpoint_policy.persistence import (
     UnsupportedFormatError,
     encode_session_id,
 )
-from kai_session_checkpoint_policy.persistence.format import (
-    MAX_TIME,
-    NO_CWD,
-    SessionHeader,
-    encode_header,
-    scan_log,
-)
+from kai_session_checkpoint_policy.persistence.jsonl.format import NO_CWD, encode_header, scan_log
+from kai_session_checkpoint_policy.persistence.records import MAX_TIME
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 from ..support import SUPPORT
 from ..support.crash_child import (

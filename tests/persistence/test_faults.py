@@ -34,8 +34,8 @@ from kai_session_checkpoint_policy.persistence import (
     PersistenceError,
     StoredLog,
 )
-from kai_session_checkpoint_policy.persistence.format import log_name
 from kai_session_checkpoint_policy.persistence.jsonl import files as files_module
+from kai_session_checkpoint_policy.persistence.jsonl.format import log_name
 
 from ..support import figures
 from ..support.crash_child import (

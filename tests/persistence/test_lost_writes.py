@@ -33,8 +33,8 @@ from kai_session_checkpoint_policy.persistence import (
     JsonlSessionPersistence,
     OsFiles,
 )
-from kai_session_checkpoint_policy.persistence.format import Compression, log_name
 from kai_session_checkpoint_policy.persistence.jsonl import files as files_module
+from kai_session_checkpoint_policy.persistence.jsonl.format import Compression, log_name
 
 from ..support import figures
 from ..support.crash_child import (

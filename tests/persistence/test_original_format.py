@@ -47,14 +47,14 @@ from kai_session_checkpoint_policy.persistence import (
     StoredLog,
     UnsupportedFormatError,
 )
-from kai_session_checkpoint_policy.persistence.format import (
+from kai_session_checkpoint_policy.persistence.jsonl.format import (
     Compression,
-    SessionHeader,
     compress_frame,
     encode_events,
     encode_header,
     scan_log,
 )
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 from kai_session_checkpoint_policy.results import OUTCOME_UNKNOWN_TEXT
 
 from ..support import SUPPORT

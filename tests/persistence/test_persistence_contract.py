@@ -187,7 +187,7 @@ def postgres_kit(dsn: str) -> Kit:
     import psycopg
 
     from kai_session_checkpoint_policy.persistence import PostgresSessionPersistence
-    from kai_session_checkpoint_policy.persistence.postgres_store import PostgresSessionStore
+    from kai_session_checkpoint_policy.persistence.postgres.store import PostgresSessionStore
 
     admin = psycopg.connect(dsn, autocommit=True)
     backends: list[PostgresSessionPersistence] = []

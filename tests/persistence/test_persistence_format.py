@@ -23,13 +23,10 @@ from kai_session_checkpoint_policy.persistence import (
     decode_session_id,
     encode_session_id,
 )
-from kai_session_checkpoint_policy.persistence.format import (
-    MAX_TIME,
-    SessionHeader,
-    encode_header,
-    project_directory,
-    scan_log,
-)
+from kai_session_checkpoint_policy.persistence.ids import project_directory
+from kai_session_checkpoint_policy.persistence.jsonl.format import encode_header, scan_log
+from kai_session_checkpoint_policy.persistence.records import MAX_TIME
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 from ..support.persistence_helpers import COMPLETE_TURN, events, log_bytes
 

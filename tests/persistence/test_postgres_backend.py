@@ -40,7 +40,7 @@ from kai_session_checkpoint_policy.persistence import (
     SeqMismatchError,
     SessionLockedError,
 )
-from kai_session_checkpoint_policy.persistence.postgres_store import Batch, PostgresSessionStore
+from kai_session_checkpoint_policy.persistence.postgres.store import Batch, PostgresSessionStore
 
 from ..support.paying import paying_host, result_text
 from ..support.persistence_helpers import event

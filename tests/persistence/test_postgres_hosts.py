@@ -26,8 +26,8 @@ import psycopg
 
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, SessionEvent, cli
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS
-from kai_session_checkpoint_policy.persistence.format import read_header
-from kai_session_checkpoint_policy.persistence.postgres_store import PostgresSessionStore
+from kai_session_checkpoint_policy.persistence.jsonl.format import read_header
+from kai_session_checkpoint_policy.persistence.postgres.store import PostgresSessionStore
 
 from ..support.markers import MARKER_TIMEOUT, kill_at_marker, reap, start_agent, wait_for_marker
 from ..support.persistence_helpers import (

@@ -23,14 +23,15 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     UnsupportedFormatError,
 )
-from kai_session_checkpoint_policy.persistence.format import FORMAT_VERSION, encode_header
-from kai_session_checkpoint_policy.persistence.postgres_store import (
+from kai_session_checkpoint_policy.persistence.jsonl.format import encode_header
+from kai_session_checkpoint_policy.persistence.postgres.store import (
     SCHEMA_VERSION,
     Batch,
     Lease,
     PostgresSessionStore,
     migration_lock_key,
 )
+from kai_session_checkpoint_policy.persistence.values import FORMAT_VERSION
 
 from ..support.persistence_helpers import COMPLETE_TURN, T0, event, events, log_bytes
 

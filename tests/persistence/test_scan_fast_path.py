@@ -20,13 +20,10 @@ from kai_session_checkpoint_policy.events import (
 )
 from kai_session_checkpoint_policy.persistence import records
 from kai_session_checkpoint_policy.persistence.errors import PersistenceError
-from kai_session_checkpoint_policy.persistence.format import (
-    MAX_TIME,
-    SessionHeader,
-    encode_events,
-    encode_header,
-)
 from kai_session_checkpoint_policy.persistence.jsonl import format as log_format
+from kai_session_checkpoint_policy.persistence.jsonl.format import encode_events, encode_header
+from kai_session_checkpoint_policy.persistence.records import MAX_TIME
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 from ..support.strategies import json_values
 

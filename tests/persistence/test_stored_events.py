@@ -25,13 +25,13 @@ from kai_session_checkpoint_policy.events import (
     encode_data,
 )
 from kai_session_checkpoint_policy.persistence import records
-from kai_session_checkpoint_policy.persistence.format import (
-    MAX_TIME,
-    SessionHeader,
+from kai_session_checkpoint_policy.persistence.jsonl.format import (
     encode_events,
     encode_header,
     scan_log,
 )
+from kai_session_checkpoint_policy.persistence.records import MAX_TIME
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 from ..support.persistence_helpers import compressed
 from ..support.strategies import json_values

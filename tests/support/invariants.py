@@ -18,7 +18,7 @@ from kai_session_checkpoint_policy import (
     eventdata,
     persistence,
 )
-from kai_session_checkpoint_policy.persistence.format import scan_log
+from kai_session_checkpoint_policy.persistence.jsonl.format import scan_log
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -19,18 +19,18 @@ from kai_session_checkpoint_policy.events import (
     encode_data,
 )
 from kai_session_checkpoint_policy.persistence import OsFiles
-from kai_session_checkpoint_policy.persistence.format import (
+from kai_session_checkpoint_policy.persistence.ids import encode_session_id
+from kai_session_checkpoint_policy.persistence.jsonl.format import (
     LOCK_NAME,
     LOG_NAME,
     NO_CWD,
     ZSTD_LOG_NAME,
     Compression,
-    SessionHeader,
     compress_frame,
     encode_header,
-    encode_session_id,
     scan_log,
 )
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
 if sys.version_info >= (3, 14):
     from compression import zstd

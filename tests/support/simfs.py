@@ -64,7 +64,7 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     StoredLog,
 )
-from kai_session_checkpoint_policy.persistence.files import TEMPORARY_NAME
+from kai_session_checkpoint_policy.persistence.jsonl.files import TEMPORARY_NAME
 
 from .crash_child import MemoryRecorder, Workload, run_workload
 from .invariants import Expected, check_recovery, refusal_problems
@@ -714,7 +714,7 @@ def materialize(image: CrashImage, directory: Path) -> None:
 class RecordingOs:
     """Stands in for :mod:`os` inside the real file layer: notes each call, may fail one.
 
-    Install it as the ``os`` of :mod:`kai_session_checkpoint_policy.persistence.files` (with
+    Install it as the ``os`` of :mod:`kai_session_checkpoint_policy.persistence.jsonl.files` (with
     ``monkeypatch``); its :attr:`trace` then compares with :attr:`SimFiles.trace`, and *faults*
     fail the same operations the same way (a failing write writes half of its data first).
     """

@@ -32,7 +32,7 @@ from kai_session_checkpoint_policy.persistence import (
 from kai_session_checkpoint_policy.persistence.ids import NO_CWD, encode_session_id
 from kai_session_checkpoint_policy.persistence.postgres.store import PostgresSessionStore
 
-from .persistence_helpers import event, log_bytes, write_log
+from ..support.persistence_helpers import event, log_bytes, write_log
 
 if TYPE_CHECKING:
     from kai_session_checkpoint_policy.events import JSONObject, SessionEvent
