@@ -91,7 +91,9 @@ def test_reordered_sectors_never_cost_an_acknowledged_event(
     instead of guessing. The refusal must name an event after every acknowledged one, every
     event before it must be the event written there, and the log must be left as it was;
     anything else must recover with every invariant. Compressed, each batch is one frame with
-    a checksum, so a reader always tells: nothing is ever refused.
+    a checksum: a frame that such a write left whole, but wrong, fails its checksum, and is
+    refused on the same terms rather than cut (a whole frame that fails its checksum may as
+    well be an acknowledged batch damaged since), while an incomplete one is cut.
     """
     workload = replace(workload, compression=compression)
     explorer = explore(workload, seed, "asyncio", sectors=True)
@@ -103,8 +105,6 @@ def test_reordered_sectors_never_cost_an_acknowledged_event(
         violations=len(explorer.violations),
     )
     assert explorer.violations == []
-    if compression == "zstd":
-        assert explorer.refusals == 0
 
 
 # -- the simulated layer against the real one --------------------------------------------------

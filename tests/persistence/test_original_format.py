@@ -449,22 +449,26 @@ def test_a_damaged_frame_followed_by_an_intact_one_is_corruption(tmp_path: Path)
     frame = len(compress_frame(encode_header(SessionHeader("s", logged[0].time))))
     assert (refused.value.byte, refused.value.line, refused.value.seq) == (frame, None, 0)
     assert str(refused.value) == (
-        f"corrupt session log {path}, byte {frame}: the frame at byte {frame} fails its "
-        f"checksum; a whole frame with a valid checksum follows it at byte {start}, so this is "
-        "not a torn tail"
+        f"corrupt session log {path}, byte {frame}: the frame at byte {frame} is whole but "
+        "fails its checksum: a write cut short never leaves a whole frame, so it held an "
+        "acknowledged batch"
     )
     assert tree(tmp_path) == before
 
 
-def test_a_last_frame_that_fails_its_checksum_is_a_torn_tail(tmp_path: Path) -> None:
+def test_a_last_frame_that_fails_its_checksum_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    """A whole last frame is an acknowledged batch (here, the durable ``tool/call``): cut as if
+    torn, the call would vanish and be dispatched again. It is refused, and nothing changes."""
     path, start, logged = two_batches(tmp_path, "zstd")
     damaged = bytearray(path.read_bytes())
     damaged[-1] ^= 0xFF
     path.write_bytes(bytes(damaged))
-    loaded = anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
-    assert loaded.torn_bytes == len(damaged) - start  # nothing of it trusted, all of it kept
-    assert loaded.events[: len(logged) - 1] == tuple(logged[:-1])
-    assert [e.type for e in loaded.repair] == ["tool/result", "step/end", "turn/end"]
+    before = tree(tmp_path)
+    with pytest.raises(CorruptLogError) as refused:
+        anyio.run(JsonlSessionPersistence(tmp_path).load, "s")
+    assert (refused.value.byte, refused.value.seq) == (start, len(logged) - 1)
+    assert "is whole but fails its checksum" in str(refused.value)
+    assert tree(tmp_path) == before
 
 
 # -- what a reader refuses -------------------------------------------------------------------------

@@ -46,17 +46,24 @@ class Figures:
     """The most descriptors the long-running host had open at once."""
     long_run_rss_growth_kib: int = 0
     """How much its resident memory grew after the warm-up."""
+    bit_flips: int = 0
+    """Single bits flipped in the acknowledged last frame of a crashed compressed log."""
+    bit_flips_refused: int = 0
+    """Of those, the flips recovery refused as damage (the others read exactly as written)."""
+    bit_flip_violations: int = 0
+    """Flips that made recovery cut or misread an acknowledged frame (a test fails on any)."""
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", "reliability figures")
-        terminalreporter.write_line(
-            f"{self.crash_points_killed} crash points killed, "
-            f"{self.crash_states_explored} simulated crash states explored, "
-            f"{self.faults_injected} faults injected over {self.fault_runs} runs, "
-            f"{self.recoveries_checked} recoveries checked "
-            f"({self.refused_as_corrupt} refused as corrupt, nothing acknowledged at stake), "
-            f"{self.violations} invariant violations"
-        )
+        if self.crash_points_killed or self.crash_states_explored or self.fault_runs:
+            terminalreporter.write_line(
+                f"{self.crash_points_killed} crash points killed, "
+                f"{self.crash_states_explored} simulated crash states explored, "
+                f"{self.faults_injected} faults injected over {self.fault_runs} runs, "
+                f"{self.recoveries_checked} recoveries checked "
+                f"({self.refused_as_corrupt} refused as corrupt, nothing acknowledged at stake), "
+                f"{self.violations} invariant violations"
+            )
         if self.cancel_schedules:
             terminalreporter.write_line(
                 f"{self.cancel_schedules} cancellation schedules, {self.cancellations} "
@@ -67,6 +74,12 @@ class Figures:
                 f"long run: {self.long_run_sessions} sessions one after another, at most "
                 f"{self.long_run_peak_descriptors} descriptors open, resident memory "
                 f"+{self.long_run_rss_growth_kib} KiB after the warm-up"
+            )
+        if self.bit_flips:
+            terminalreporter.write_line(
+                f"bit flips: {self.bit_flips} single bits flipped in an acknowledged last frame, "
+                f"{self.bit_flips_refused} refused as damage, the rest read unchanged, "
+                f"{self.bit_flip_violations} violations"
             )
 
 

@@ -110,6 +110,10 @@ LOCK_NAME: Final = "session.lock"
 _RETIRED_HEADER_KEYS: Final = ("sandboxMode", "approvalPolicy")
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _CHECKSUM_FLAG: Final = 0x04
+_LONGEST_FRAME_HEADER: Final = 4 + 14
+"""The magic number and the longest frame header (descriptor, window, dictionary id, size)."""
+_LARGEST_BLOCK: Final = 128 * 1024
+"""The most bytes a block of a Zstandard frame holds, or regenerates."""
 
 
 @final
@@ -410,13 +414,17 @@ def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
 # -- compressed logs ----------------------------------------------------------------------------
 
 
-def _frame_end(data: bytes, start: int) -> int | str | None:
+def _frame_end(data: bytes, start: int, structure: list[int] | None = None) -> int | str | None:
     """Where the Zstandard frame at *start* ends, found from its structure without decoding it.
 
     ``None`` if the frame runs past the end of *data* (a torn frame); a description if *start*
-    does not begin a frame of the kind a session log holds (a standard frame with a checksum).
+    does not begin a frame of the kind a session log holds (a standard frame with a checksum,
+    blocks no larger than a block may be). The offsets of the bytes read to find the end (the
+    frame's header and its blocks' headers) are added to *structure*, if given.
     """
     size = len(data)
+    if structure is not None:
+        structure.extend(range(start, min(size, start + _LONGEST_FRAME_HEADER)))
     if size - start < 4:
         return None
     if data[start : start + 4] != _ZSTD_MAGIC:
@@ -439,10 +447,14 @@ def _frame_end(data: bytes, start: int) -> int | str | None:
     while True:
         if position + 3 > size:
             return None
+        if structure is not None:
+            structure.extend(range(position, position + 3))
         block = int.from_bytes(data[position : position + 3], "little")
         kind = (block >> 1) & 3
         if kind == 3:
             return f"the frame at byte {start} has a block of the reserved type at byte {position}"
+        if block >> 3 > _LARGEST_BLOCK:
+            return f"the frame at byte {start} has a block too large to be one at byte {position}"
         position += 3 + (1 if kind == 1 else block >> 3)
         if position > size:
             return None
@@ -450,6 +462,41 @@ def _frame_end(data: bytes, start: int) -> int | str | None:
             break
     position += 4  # the checksum
     return None if position > size else position
+
+
+def _whole_frames(data: bytes) -> bool:
+    """Whether *data* is exactly a sequence of whole frames, each with a valid checksum."""
+    offset = 0
+    while offset < len(data):
+        end = _frame_end(data, offset)
+        if not isinstance(end, int) or _decompress(data[offset:end]) is None:
+            return False
+        offset = end
+    return bool(data)
+
+
+def _one_bit_from_whole_frames(tail: bytes) -> int | None:
+    """The offset in *tail* of a bit whose flip would make it whole frames with valid
+    checksums, if there is one: then *tail* is damage, not a torn write.
+
+    A write cut short leaves a prefix of a frame: no single bit flipped in it can make it whole
+    with a valid checksum (a 32-bit check of its content). Only the bytes that give a frame
+    its structure (its header, its blocks' headers) can make whole frames look incomplete or
+    foreign, so only those are tried; a flip anywhere else leaves a whole frame whose checksum
+    fails, which is damage anyway.
+    """
+    structure: list[int] = []
+    offset = 0
+    while isinstance(end := _frame_end(tail, offset, structure), int) and end < len(tail):
+        offset = end
+    corrected = bytearray(tail)
+    for position in sorted(set(structure)):
+        for bit in range(8):
+            corrected[position] ^= 1 << bit
+            if _whole_frames(bytes(corrected)):
+                return position
+            corrected[position] ^= 1 << bit
+    return None
 
 
 def _decompress(frame: bytes | memoryview) -> bytes | None:
@@ -509,21 +556,27 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     group: list[bytes] = []
     grouped, line_number = 0, 2
     view = memoryview(data)
+    failed: int | None = None  # a whole frame that fails its checksum
     for start, end in frames[1:]:
         plaintext = _decompress(view[start:end])
         if plaintext is None:
-            offset, damage, torn_frame = (
-                start,
-                f"the frame at byte {start} fails its checksum",
-                False,
-            )
+            failed = start
             break
         group.append(plaintext)
         grouped += len(plaintext)
         if grouped >= RUN_BYTES and plaintext.endswith(b"\n"):
             line_number = _read_frames(reader, b"".join(group), line_number, last=False)
             group, grouped = [], 0
-    _read_frames(reader, b"".join(group), line_number, last=True)
+    _read_frames(reader, b"".join(group), line_number, last=failed is None)
+    if failed is not None:
+        raise CorruptLogError(
+            path,
+            None,
+            f"the frame at byte {failed} is whole but fails its checksum: a write cut short "
+            "never leaves a whole frame, so it held an acknowledged batch",
+            byte=failed,
+            seq=len(reader.events),
+        )
     salvaged = 0
     if offset < len(data):
         intact = _intact_frame_after(data, offset)
@@ -533,6 +586,16 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
                 None,
                 f"{damage}; a whole frame with a valid checksum follows it at byte {intact}, "
                 "so this is not a torn tail",
+                byte=offset,
+                seq=len(reader.events),
+            )
+        flipped = _one_bit_from_whole_frames(data[offset:])
+        if flipped is not None:
+            raise CorruptLogError(
+                path,
+                None,
+                f"{damage}, but with one bit of byte {offset + flipped} flipped it would be whole "
+                "with a valid checksum: it is damaged, not torn, and held an acknowledged batch",
                 byte=offset,
                 seq=len(reader.events),
             )
