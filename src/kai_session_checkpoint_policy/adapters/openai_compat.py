@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Final, Literal
+from contextlib import AsyncExitStack, aclosing
+from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 import httpx
 
@@ -211,12 +212,12 @@ class OpenAICompatibleModel:
             pool=self.connect_timeout,
         )
         try:
-            if self._client is not None:
-                async for chunk in self._send(self._client, body, headers, timeout, stream):
-                    yield chunk
-                return
-            async with httpx.AsyncClient() as client:
-                async for chunk in self._send(client, body, headers, timeout, stream):
+            async with AsyncExitStack() as stack:
+                client = self._client
+                if client is None:
+                    client = await stack.enter_async_context(httpx.AsyncClient())
+                chunks = self._send(client, body, headers, timeout, stream)
+                async for chunk in await stack.enter_async_context(aclosing(chunks)):
                     yield chunk
         except httpx.TimeoutException as exc:
             raise ModelTimeoutError(stream.timed_out(exc, self), url=where) from exc
@@ -235,14 +236,39 @@ class OpenAICompatibleModel:
             "POST", self.url, json=body, headers=headers, timeout=timeout
         ) as response:
             if response.status_code >= 400:
-                await stream.refused(response, self.api_key_env)
+                await response.aread()
+                stream.refused(response, self.api_key_env)
             stream.check_content_type(response)
-            async for line in response.aiter_lines():
-                for chunk in stream.feed_line(line):
-                    yield chunk
-                if stream.done:
-                    return
-            for chunk in stream.ended():
+            # The body is always read to its end, even past [DONE] or a malformed event: httpx's
+            # line iterator stands on a stack of generators that only an exhausted (or failed)
+            # read closes, and one left open would be finalized behind the event loop's back.
+            end: list[StreamChunk] = []
+            failure: ModelStreamError | None = None
+            try:
+                async for line in response.aiter_lines():
+                    if failure is not None or stream.finished():
+                        continue
+                    try:
+                        chunks = stream.feed_line(line)
+                    except ModelStreamError as exc:
+                        failure = exc
+                        continue
+                    if stream.finished():
+                        end = chunks  # yielded once the body has ended
+                        continue
+                    for chunk in chunks:
+                        yield chunk
+            except httpx.TransportError:
+                if failure is not None:
+                    raise failure from None
+                if not stream.finished():
+                    raise
+                # The response was complete: what broke after it is no concern of the caller.
+            if failure is not None:
+                raise failure
+            if not stream.finished():
+                end = stream.ended()
+            for chunk in end:
                 yield chunk
 
 
@@ -355,7 +381,7 @@ class _Stream:
         self.url = url
         self._key = key
         self.events = 0  # data events read
-        self.done = False
+        self._done = False
         self._data: list[str] = []  # the data lines of the event being read
         self._blocks = 0  # block indexes given out
         self._open: tuple[str, int, list[str]] | None = None  # the text or reasoning block
@@ -363,6 +389,10 @@ class _Stream:
         self._finish: str | None = None
         self._has_calls = False
         self._usage: JSONObject | None = None
+
+    def finished(self) -> bool:
+        """Whether the response has ended: its finish reason, then ``[DONE]``."""
+        return self._done
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -403,13 +433,9 @@ class _Stream:
             what = f"the connection broke ({str(exc) or type(exc).__name__})"
         return self._hide(f"model endpoint {self.url}: {what}, {self._progress()}")
 
-    async def refused(self, response: httpx.Response, api_key_env: str | None) -> None:
-        """Raise the :class:`ModelStatusError` of a response with an error status."""
-        raw = b""
-        async for part in response.aiter_bytes():
-            raw += part
-            if len(raw) > 4 * _EXCERPT:
-                break
+    def refused(self, response: httpx.Response, api_key_env: str | None) -> NoReturn:
+        """Raise the :class:`ModelStatusError` of a response with an error status, read."""
+        raw = response.content[: 4 * _EXCERPT]
         status = response.status_code
         message = f"model endpoint {self.url} answered HTTP {status} {response.reason_phrase}"
         detail = _error_detail(raw.decode(errors="replace"))
@@ -452,7 +478,7 @@ class _Stream:
     def ended(self) -> list[StreamChunk]:
         """The connection closed without ``[DONE]``: finish if the response did, else raise."""
         chunks = self.feed_line("")  # an event the stream did not end with a blank line
-        if self.done:
+        if self._done:
             return chunks
         if self._finish is None:
             raise self._error(
@@ -606,7 +632,7 @@ class _Stream:
         return chunks
 
     def _complete(self) -> list[StreamChunk]:
-        self.done = True
+        self._done = True
         chunks: list[StreamChunk] = []
         if self._usage is not None:
             chunks.append(Usage(self._usage))
