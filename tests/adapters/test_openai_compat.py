@@ -14,9 +14,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import httpx
 import pytest
 
 from kai_session_checkpoint_policy import (
@@ -321,6 +322,63 @@ async def test_a_turn_sends_the_model_the_tool_schemas_and_the_results(
         "step/end",
         "turn/end",
     ]
+
+
+async def test_a_named_tool_without_a_spec_takes_any_object_and_options_are_sent(
+    server: ModelServer, api_key: str
+) -> None:
+    server.reply(Replay("text_answer.sse"))
+    request = LlmRequest(
+        "openai",
+        MODEL,
+        messages=(USER_MESSAGE,),
+        tools=("lookup", TOOL_NAME),
+        tool_specs=(make_payment_tool(announce=print).spec,),
+    )
+    async with httpx.AsyncClient() as client:  # the caller's own client, which it closes
+        model = OpenAICompatibleModel(
+            server.url,
+            instructions="You pay invoices.",
+            options={"temperature": 0, "max_tokens": 200},
+            client=client,
+        )
+        chunks = await stream(model, request)
+
+    assert chunks[-1] == Finish("stop")
+    (received,) = server.received
+    assert received.body["messages"] == [
+        {"role": "system", "content": "You pay invoices."},
+        {"role": "user", "content": PROMPT},
+    ]
+    assert received.body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": TOOL_NAME,
+                "description": DESCRIPTION,
+                "parameters": PAYMENT_PARAMETERS,
+            },
+        },
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},
+    ]
+    assert (received.body["temperature"], received.body["max_tokens"]) == (0, 200)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ({"options": {"stream": False}}, "options may not set stream: the adapter writes them"),
+        (
+            {"read_timeout": 0.0},
+            "read_timeout must be a positive number of seconds, not 0.0",
+        ),
+    ],
+)
+def test_the_adapter_refuses_options_it_cannot_honour(
+    arguments: dict[str, Any], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(problem)}$"):
+        OpenAICompatibleModel("http://127.0.0.1:9/v1", **arguments)
 
 
 # -------------------------------------------------------------------------------------------
