@@ -491,7 +491,8 @@ def _parser() -> argparse.ArgumentParser:
         help="one scripted turn of the demo agent, optionally hanging at a marked point",
         description=(
             "Run one turn of the demo agent: the scripted model asks for one send_payment call "
-            "and then answers. With --hang-at the process writes a marker file at that point "
+            "and then answers (with --model-url, a real model is asked instead). With --hang-at "
+            "the process writes a marker file at that point "
             "and waits forever, to be killed from outside."
         ),
     )

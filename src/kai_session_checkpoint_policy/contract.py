@@ -256,7 +256,7 @@ class ToolSpec:
 
     name: str
     description: str = ""
-    parameters: JSONObject = field(default_factory=_any_object)
+    parameters: JSONObject = field(default_factory=_any_object, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

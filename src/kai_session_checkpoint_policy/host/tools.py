@@ -47,7 +47,7 @@ class Tool:
     run: ToolBody
     description: str = ""
     concurrency_safe: bool = False
-    parameters: JSONObject = field(default_factory=lambda: {"type": "object"})
+    parameters: JSONObject = field(default_factory=lambda: {"type": "object"}, hash=False)
 
     @property
     def spec(self) -> ToolSpec:
