@@ -6,6 +6,7 @@ Subcommands::
     kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE]
                          [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
                          [--lease-ttl SECONDS]
+                         [--model-url URL --model NAME [--api-key-env NAME]]
     kai-checkpoint list ROOT
     kai-checkpoint inspect ROOT SESSION [--json]
     kai-checkpoint recover ROOT SESSION [--json]
@@ -48,6 +49,7 @@ from .persistence.core import DEFAULT_BATCH_WINDOW
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from .host import ModelAdapter
     from .persistence import Store
 
 __all__ = [
@@ -194,13 +196,14 @@ async def _progress(what: str) -> AsyncIterator[None]:
 
 
 async def _agent(args: argparse.Namespace) -> int:
-    from .demo import run_agent
+    from .demo import MODEL, PROVIDER, run_agent
     from .persistence import SessionNotFoundError, display_url
 
     if (args.hang_at is None) != (args.marker is None):
         raise UsageError("--hang-at and --marker go together")
     if args.hang_for is not None and args.hang_at is None:
         raise UsageError("--hang-for goes with --hang-at")
+    adapter = _model_adapter(args)
     async with _opened(args.root, existing=False, lease_ttl=args.lease_ttl) as backend:
         try:
             await backend.inspect(args.session)
@@ -219,12 +222,40 @@ async def _agent(args: argparse.Namespace) -> int:
         batch_window=args.batch_window,
         hang_for=args.hang_for,
         lease_ttl=args.lease_ttl,
+        provider=PROVIDER if adapter is None else "openai",
+        model=MODEL if adapter is None else args.model,
+        adapter=adapter,
     )
     reason = printable(compact(outcome.reason))
     print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
         print(f"assistant: {printable(outcome.text)}")
     return EXIT_OK if outcome.error is None else EXIT_FAILURE
+
+
+def _model_adapter(args: argparse.Namespace) -> ModelAdapter | None:
+    """The adapter of ``--model-url``, or ``None`` for the scripted model."""
+    if args.model_url is None and args.model is None:
+        if args.api_key_env is not None:
+            raise UsageError("--api-key-env goes with --model-url")
+        return None
+    if args.model_url is None or args.model is None:
+        raise UsageError("--model-url and --model go together")
+    if args.hang_at == "request":
+        raise UsageError("--hang-at request stops inside the scripted model, not with --model-url")
+    try:
+        from .adapters.openai_compat import DEFAULT_API_KEY_ENV, OpenAICompatibleModel
+    except ImportError as exc:
+        raise UsageError(
+            f"--model-url needs the openai extra ({exc}): "
+            "pip install 'kai-session-checkpoint-policy[openai]'"
+        ) from exc
+    try:
+        return OpenAICompatibleModel(
+            args.model_url, api_key_env=args.api_key_env or DEFAULT_API_KEY_ENV
+        )
+    except ValueError as exc:
+        raise UsageError(f"--model-url: {exc}") from exc
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -345,7 +376,8 @@ def _parser() -> argparse.ArgumentParser:
         help="one scripted turn of the demo agent, optionally hanging at a marked point",
         description=(
             "Run one turn of the demo agent: the scripted model asks for one send_payment call "
-            "and then answers. With --hang-at the process writes a marker file at that point "
+            "and then answers (with --model-url, a real model is asked instead). With --hang-at "
+            "the process writes a marker file at that point "
             "and waits forever, to be killed from outside."
         ),
     )
@@ -378,6 +410,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"how long an event may wait for a background batch (default: {DEFAULT_BATCH_WINDOW})",
     )
     _add_store_options(agent)
+    _add_model_options(agent)
     agent.set_defaults(run=_agent)
 
     listing = commands.add_parser("list", help="the sessions under ROOT")
@@ -426,6 +459,22 @@ def _add_store_options(agent: argparse.ArgumentParser) -> None:
         type=_positive_seconds,
         metavar="SECONDS",
         help="how long the session's lease lasts unless renewed (postgresql:// stores only)",
+    )
+
+
+def _add_model_options(agent: argparse.ArgumentParser) -> None:
+    """``agent``'s options for a real model endpoint in place of the scripted model."""
+    agent.add_argument(
+        "--model-url",
+        metavar="URL",
+        help="stream from this OpenAI-compatible endpoint (its base, such as "
+        "https://api.openai.com/v1) instead of the scripted model; needs --model",
+    )
+    agent.add_argument("--model", metavar="NAME", help="the endpoint's model name")
+    agent.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="the environment variable holding the API key (default: OPENAI_API_KEY)",
     )
 
 

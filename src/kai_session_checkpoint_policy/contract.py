@@ -23,7 +23,7 @@ use it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "ToolCallLike",
+    "ToolSpec",
     "Usage",
     "text_block",
     "tool_call_block",
@@ -241,15 +242,39 @@ class PluginHost(HostServices[S], Protocol[S]):
 # -------------------------------------------------------------------------------------------
 
 
+def _any_object() -> JSONObject:
+    return {"type": "object"}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a model is told of one tool: its name, what it does, and the JSON Schema of its input.
+
+    ``parameters`` is a JSON Schema for the tool's arguments, an object schema as model
+    endpoints expect; the default, ``{"type": "object"}``, accepts any object.
+    """
+
+    name: str
+    description: str = ""
+    parameters: JSONObject = field(default_factory=_any_object, hash=False)
+
+
 @dataclass(frozen=True, slots=True)
 class LlmRequest:
-    """One model request: the route, the transcript, and the session it belongs to."""
+    """One model request: the route, the transcript, and the session it belongs to.
+
+    ``tools`` names the tools the model may call; ``tool_specs`` describes them (their input
+    schemas) for an adapter that must tell a model endpoint what each tool takes. A host that
+    has no schemas leaves ``tool_specs`` empty, and an adapter then sends only the names it
+    has, each taking any object.
+    """
 
     provider: str
     model: str
     messages: tuple[JSONObject, ...] = ()
     tools: tuple[str, ...] = ()
     session_id: str | None = None
+    tool_specs: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

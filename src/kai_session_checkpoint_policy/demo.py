@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from .contract import HostServices, LlmRequest, PreStepDecision, StreamChunk
     from .events import JSON, JSONObject, SessionEvent
     from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
-    from .host import PreStep, Session, ToolExecution, TurnOutcome
+    from .host import ModelAdapter, PreStep, Session, ToolExecution, TurnOutcome
     from .persistence import Store, StoredLog
     from .results import ToolResult
 
@@ -77,6 +77,7 @@ __all__ = [
     "MARKERS",
     "MODEL",
     "PAYMENT",
+    "PAYMENT_PARAMETERS",
     "PROMPT",
     "PROVIDER",
     "TOOL_NAME",
@@ -106,6 +107,18 @@ PAYMENT: Final[JSONObject] = {
     "amount": "120.00",
     "currency": "EUR",
 }
+PAYMENT_PARAMETERS: Final[JSONObject] = {
+    "type": "object",
+    "properties": {
+        "invoice": {"type": "string", "description": "The invoice number."},
+        "to": {"type": "string", "description": "Who is paid."},
+        "amount": {"type": "string", "description": "The amount, as a decimal number."},
+        "currency": {"type": "string", "description": "The ISO 4217 currency code."},
+    },
+    "required": ["invoice", "to", "amount", "currency"],
+    "additionalProperties": False,
+}
+"""The JSON Schema of ``send_payment``'s arguments, as a model is told it."""
 MARKERS: Final[dict[HangAt, str]] = {
     "request": "request-dispatched",
     "tool": "tool-side-effect",
@@ -249,6 +262,7 @@ def make_payment_tool(
         TOOL_NAME,
         send_payment,
         description="Pay an invoice. Each call moves money: it is not safe to repeat.",
+        parameters=PAYMENT_PARAMETERS,
     )
 
 
@@ -265,13 +279,16 @@ async def demo_host(
     batch_window: float = DEFAULT_BATCH_WINDOW,
     hang_for: float | None = None,
     lease_ttl: float | None = None,
+    provider: str = PROVIDER,
+    adapter: ModelAdapter | None = None,
 ) -> AsyncIterator[tuple[Host, Store]]:
     """Open a host for the demo agent; yield it with the backend of the store *root*.
 
     The plugins are given explicitly instead of loaded from entry points: the backend that
     :func:`~kai_session_checkpoint_policy.persistence.open_store` chooses for *root*, then
     (with *use_policy*) the checkpoint policy and its invariant companion, then
-    *extra_plugins*. The scripted model and the ``send_payment`` tool are registered.
+    *extra_plugins*. The scripted model (or *adapter*, a real one) is registered for
+    *provider*, and the ``send_payment`` tool is registered.
     *batch_window* is the backend's: how long an event may wait for a background batch;
     *lease_ttl* the PostgreSQL lease's. *hang_for* bounds the wait at *hang_at*.
     """
@@ -281,10 +298,11 @@ async def demo_host(
         plugins += [policy, invariant]
     plugins += extra_plugins
     async with Host(plugins, autoload=False) as host:
-        host.llm.register_adapter(
-            PROVIDER,
-            ScriptedModel(hang_at_request=hang_at == "request", marker=marker, hang_for=hang_for),
-        )
+        if adapter is None:
+            adapter = ScriptedModel(
+                hang_at_request=hang_at == "request", marker=marker, hang_for=hang_for
+            )
+        host.llm.register_adapter(provider, adapter)
         host.tools.register(
             make_payment_tool(
                 ledger=ledger,
@@ -309,11 +327,16 @@ async def run_agent(
     announce: Callable[[str], object] = print,
     hang_for: float | None = None,
     lease_ttl: float | None = None,
+    provider: str = PROVIDER,
+    model: str = MODEL,
+    adapter: ModelAdapter | None = None,
 ) -> TurnOutcome:
     """Run one scripted turn for a new session *session_id* in the store *root*.
 
-    After the turn the session is flushed once more: the agent loop does not flush at the end
-    of a turn, so a host that wants the whole turn on disk asks for it.
+    With *adapter*, a real model answers instead of the script: it is registered for
+    *provider*, and the agent asks it for *model*. After the turn the session is flushed once
+    more: the agent loop does not flush at the end of a turn, so a host that wants the whole
+    turn on disk asks for it.
     """
     async with demo_host(
         root,
@@ -325,9 +348,11 @@ async def run_agent(
         announce=announce,
         hang_for=hang_for,
         lease_ttl=lease_ttl,
+        provider=provider,
+        adapter=adapter,
     ) as (host, _backend):
         session = host.sessions.create(session_id)
-        agent = Agent(host, session, provider=PROVIDER, model=MODEL)
+        agent = Agent(host, session, provider=provider, model=model)
         outcome = await agent.run_turn(PROMPT)
         await host.sessions.flush(session)
     return outcome

@@ -191,6 +191,7 @@ class Agent:
             messages=tuple(known.caught_up(session).messages),
             tools=self.host.tools.names(),
             session_id=session.id,
+            tool_specs=self.host.tools.specs(),
         )
         response = _Response()
         chunks: list[int] = []  # the seqs of the response's chunks, which its message cites

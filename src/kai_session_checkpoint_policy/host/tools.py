@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, TypeAlias
 
+from ..contract import ToolSpec
 from ..hookspecs import hookimpl
 from ..results import (
     ABORTED,
@@ -21,7 +22,7 @@ from ..results import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ..events import JSON
+    from ..events import JSON, JSONObject
     from ..hookspecs import ToolThunk
     from ._hooks import HostHooks
     from .agent import Agent
@@ -38,13 +39,20 @@ class Tool:
 
     ``run`` receives the execution and returns a JSON value (shown to the model as text) or a
     complete :class:`ToolResult`. A tool is ``concurrency_safe`` when several calls of it may
-    run at the same time as other safe calls.
+    run at the same time as other safe calls. ``parameters`` is the JSON Schema of its
+    arguments, as a model is told it (default: any object).
     """
 
     name: str
     run: ToolBody
     description: str = ""
     concurrency_safe: bool = False
+    parameters: JSONObject = field(default_factory=lambda: {"type": "object"}, hash=False)
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What a model is told of this tool."""
+        return ToolSpec(self.name, self.description, self.parameters)
 
 
 class _Progress:
@@ -106,6 +114,10 @@ class ToolRuntime:
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._tools)
+
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """What a model is told of each registered tool, in the order of :meth:`names`."""
+        return tuple(tool.spec for tool in self._tools.values())
 
     async def execute(self, execution: ToolExecution) -> ToolResult:
         """Run one call through the ``tools_execute`` chain and return its result.
