@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+import anyio
 import pytest
 from agents import Runner, set_tracing_disabled
 
@@ -458,11 +459,11 @@ def test_without_the_checkpoint_the_killed_call_is_lost_and_paid_again(tmp_path:
     assert answer == "Invoice 1042 is paid."
 
 
-def anyio_run_inspect(store: Path) -> tuple[SessionEvent, ...]:
-    import anyio
+def anyio_run_inspect(store: Path, session_id: str = SESSION) -> tuple[SessionEvent, ...]:
+    """The stored log of *session_id*, read in a loop of its own."""
 
     async def inspect() -> tuple[SessionEvent, ...]:
-        return tuple((await open_store(store).inspect(SESSION)).events)
+        return tuple((await open_store(store).inspect(session_id)).events)
 
     return anyio.run(inspect)
 
@@ -470,12 +471,18 @@ def anyio_run_inspect(store: Path) -> tuple[SessionEvent, ...]:
 # -- the example -----------------------------------------------------------------------------
 
 
-def test_the_example_runs(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(tmp_path / "sessions")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+def test_the_example_runs_and_resumes_its_session(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLE), str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "Done: sent 120.00 EUR for invoice 1042.\n"
+    stored = anyio_run_inspect(root, "invoice-1042")
+    ends = [event.data for event in stored if event.type == "turn/end"]
+    assert ends == [eventdata.turn_end(turn, {"kind": "completed"}) for turn in (1, 2)]
