@@ -17,7 +17,9 @@ from typing import Any, Final
 
 import anyio
 import pytest
-from agents import Runner, set_tracing_disabled
+from agents import Agent, Runner, set_tracing_disabled
+from agents.items import TResponseOutputItem
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from kai_session_checkpoint_policy import eventdata, hookimpl
 from kai_session_checkpoint_policy.events import SessionEvent
@@ -486,3 +488,43 @@ def test_the_example_runs_and_resumes_its_session(tmp_path: Path) -> None:
     stored = anyio_run_inspect(root, "invoice-1042")
     ends = [event.data for event in stored if event.type == "turn/end"]
     assert ends == [eventdata.turn_end(turn, {"kind": "completed"}) for turn in (1, 2)]
+
+
+async def test_a_streamed_run_checkpoints_its_request_after_saving_its_input(
+    tmp_path: Path,
+) -> None:
+    """``Runner.run_streamed`` saves the input after announcing the request: the request's
+    checkpoint waits for it, and still comes before the model (the SDK's own scripted model)."""
+    root = tmp_path / "sessions"
+    seen: list[str] = []
+
+    async def durable() -> None:
+        stored = await open_store(root, batch_window=3600).inspect(SESSION)
+        seen.append(stored.events[-1].type)
+
+    async def ask(call: ModelCall) -> list[TResponseOutputItem]:
+        await durable()
+        return [function_call(TOOL_NAME, ARGUMENTS, call_id=CALL)]
+
+    async def answer(call: ModelCall) -> list[TResponseOutputItem]:
+        await durable()
+        return [assistant_message("Invoice 1042 is paid.")]
+
+    model = ScriptedModel([ModelStep.respond(ask), ModelStep.respond(answer)])
+    async with CheckpointSession(root, SESSION, batch_window=3600) as session:
+        tool = payment_tool(tmp_path / "ledger", probe=durable)
+        agent = Agent(name="payments", model=model, tools=[tool])
+        streamed = Runner.run_streamed(agent, PROMPT, session=session, hooks=session.hooks)
+        async for _event in streamed.stream_events():
+            pass
+        live = list(session.log.events)
+    assert streamed.final_output == "Invoice 1042 is paid."
+    with_usage = [  # this model reports usage: one chunk more per response
+        *TURN_TYPES[:9],
+        "assistant/chunk",
+        *TURN_TYPES[9:18],
+        "assistant/chunk",
+        *TURN_TYPES[18:],
+    ]
+    assert types(live) == with_usage
+    assert seen == ["request/context", "tool/call", "step/start"]
