@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 
 
 # example: start
-
-
 @function_tool
 def send_payment(invoice: str, amount: str) -> str:
     """Pay an invoice. Each call moves money: it is not safe to repeat."""
@@ -58,7 +56,9 @@ async def main(root: str) -> None:
             agent, "Please pay invoice 1042.", session=session, hooks=session.hooks
         )
     print(result.final_output)
-    # example: end
+
+
+# example: end
 
 
 class ScriptedModel(Model):

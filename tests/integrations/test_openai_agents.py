@@ -40,6 +40,7 @@ from kai_session_checkpoint_policy.results import (
     outcome_unknown,
 )
 
+from .. import doc_snippets
 from ..markers import kill_at_marker, reap
 from .openai_agents_child import (
     ARGUMENTS,
@@ -53,7 +54,9 @@ from .openai_agents_child import (
 )
 
 CHILD: Final = Path(__file__).with_name("openai_agents_child.py")
-EXAMPLE: Final = Path(__file__).resolve().parents[2] / "docs/examples/integration_openai_agents.py"
+DOCS: Final = Path(__file__).resolve().parents[2] / "docs"
+EXAMPLE: Final = DOCS / "examples/integration_openai_agents.py"
+PAGE: Final = DOCS / "integrations/openai-agents.md"
 SESSION: Final = "invoice-1042"
 CALL: Final = "call-pay-1"
 
@@ -471,6 +474,11 @@ def anyio_run_inspect(store: Path, session_id: str = SESSION) -> tuple[SessionEv
 
 
 # -- the example -----------------------------------------------------------------------------
+
+
+def test_the_page_shows_the_example_as_it_is() -> None:
+    assert doc_snippets.sources(PAGE) == {EXAMPLE}
+    assert doc_snippets.rendered(PAGE) == PAGE.read_text()
 
 
 def test_the_example_runs_and_resumes_its_session(tmp_path: Path) -> None:
