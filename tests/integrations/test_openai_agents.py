@@ -21,8 +21,8 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.items import TResponseOutputItem
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-from kai_session_checkpoint_policy import eventdata, hookimpl
-from kai_session_checkpoint_policy.events import SessionEvent
+from kai_session_checkpoint_policy import Host, eventdata, hookimpl, policy
+from kai_session_checkpoint_policy.events import JSONObject, SessionEvent
 from kai_session_checkpoint_policy.hookspecs import FlushThunk
 from kai_session_checkpoint_policy.integrations.openai_agents import (
     PROVIDER,
@@ -32,7 +32,9 @@ from kai_session_checkpoint_policy.integrations.openai_agents import (
 )
 from kai_session_checkpoint_policy.persistence import open_store
 from kai_session_checkpoint_policy.results import (
+    NOT_STARTED_TEXT,
     OUTCOME_UNKNOWN_TEXT,
+    TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
     TextBlock,
     ToolResult,
@@ -536,3 +538,32 @@ async def test_a_streamed_run_checkpoints_its_request_after_saving_its_input(
     ]
     assert types(live) == with_usage
     assert seen == ["request/context", "tool/call", "step/start"]
+
+
+async def test_a_call_the_log_proves_never_started_reaches_the_model_as_not_started(
+    tmp_path: Path,
+) -> None:
+    """A stored turn whose model asked for a call that never got its ``tool/call``."""
+    root = tmp_path / "sessions"
+    async with Host([open_store(root), policy], autoload=False) as host:
+        stored = host.sessions.create(SESSION)
+        stored.append("turn/start", eventdata.turn_start(1))
+        stored.append("step/start", eventdata.step_data(1, 1))
+        stored.append("user/message", eventdata.user_message("user-1", PROMPT))
+        block: JSONObject = {"type": "tool-call", "id": CALL, "name": TOOL_NAME}
+        block["arguments"] = ARGUMENTS
+        asked = eventdata.assistant_message(1, 1, [block], provider=PROVIDER, model=MODEL_NAME)
+        stored.append("assistant/message", asked)
+        await host.sessions.close(stored)
+    model = PaymentModel()
+    async with CheckpointSession(root, SESSION) as session:
+        agent = payment_agent(model, payment_tool(tmp_path / "ledger"))
+        await Runner.run(agent, "Is invoice 1042 paid?", session=session, hooks=session.hooks)
+    assert model.requests[0][1:3] == [
+        {"type": "function_call", "call_id": CALL, "name": TOOL_NAME, "arguments": ARGUMENTS},
+        {
+            "type": "function_call_output",
+            "call_id": CALL,
+            "output": f"{TOOL_NOT_STARTED}: Error: {NOT_STARTED_TEXT}",
+        },
+    ]
