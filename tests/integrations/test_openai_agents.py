@@ -567,3 +567,13 @@ async def test_a_call_the_log_proves_never_started_reaches_the_model_as_not_star
             "output": f"{TOOL_NOT_STARTED}: Error: {NOT_STARTED_TEXT}",
         },
     ]
+
+
+async def test_a_postgresql_store_keeps_the_turn_too(tmp_path: Path, postgres_dsn: str) -> None:
+    async with CheckpointSession(postgres_dsn, SESSION) as session:
+        agent = payment_agent(PaymentModel(), payment_tool(tmp_path / "ledger"))
+        await Runner.run(agent, PROMPT, session=session, hooks=session.hooks)
+        live = list(session.log.events)
+    stored = await open_store(postgres_dsn).inspect(SESSION)
+    assert types(live) == TURN_TYPES
+    assert list(stored.events) == live
