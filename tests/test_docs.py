@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 EXAMPLES = DOCS / "examples"
-PAGES = sorted(DOCS.glob("*.md"))
+PAGES = sorted([*DOCS.glob("*.md"), *DOCS.glob("integrations/*.md")])
 
 
 def hook_signatures() -> dict[str, str]:
@@ -137,6 +137,7 @@ def test_every_example_is_shown_and_run() -> None:
     assert examples - shown - generators == set()
     tested = {"quickstart.py", "entry_points.py", "hooks.py", "recovery.py", "sample_log.py"}
     tested |= {"timeline.py", "test_host_fixtures.py", "postgres_host.py"}
+    tested |= {"integration_openai_agents.py"}  # run by tests/integrations
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
 
