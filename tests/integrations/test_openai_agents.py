@@ -42,8 +42,8 @@ from kai_session_checkpoint_policy.results import (
     outcome_unknown,
 )
 
-from .. import doc_snippets
-from ..markers import kill_at_marker, reap
+from ..support import doc_snippets
+from ..support.markers import kill_at_marker, reap
 from .openai_agents_child import (
     ARGUMENTS,
     MARKER_TEXT,
