@@ -7,7 +7,6 @@ and resumed in another: with the integration, and with Pydantic AI's own saved h
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,12 +45,14 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.results import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 
+from .. import doc_snippets
 from ..markers import kill_at_marker, reap
 
 CHILD = Path(__file__).with_name("pydantic_ai_child.py")
 pytestmark = pytest.mark.anyio
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "integrations"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+EXAMPLE = DOCS / "examples" / "integrations" / "pydantic_ai_agent.py"
 
 
 @pytest.fixture
@@ -549,12 +550,30 @@ async def test_a_payment_killed_in_its_body_on_postgresql(
 
 def test_the_example_runs(tmp_path: Path) -> None:
     completed = subprocess.run(
-        [sys.executable, str(EXAMPLE / "pydantic_ai.py"), str(tmp_path)],
+        [sys.executable, str(EXAMPLE), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
-        env={**os.environ, "PYTHONPATH": ""},
     )
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.splitlines() == []
+    first_turn = (
+        "turn/start, step/start, user/message, request/header, request/context, "
+        "assistant/message, tool/call, tool/result, step/end, "
+        "step/start, assistant/message, step/end, turn/end"
+    )
+    second_turn = (
+        "turn/start, step/start, user/message, request/header, request/context, "
+        "assistant/message, step/end, turn/end"
+    )
+    assert completed.stdout.splitlines() == [
+        "Invoice 42 is paid.",
+        "You are welcome.",
+        f"{first_turn}, {second_turn}",
+    ]
+
+
+def test_the_page_shows_the_example_as_it_is() -> None:
+    page = DOCS / "integrations" / "pydantic-ai.md"
+    assert doc_snippets.sources(page) == {EXAMPLE}
+    assert doc_snippets.rendered(page) == page.read_text()
