@@ -321,6 +321,15 @@ async def test_runs_of_one_session_go_one_at_a_time(tmp_path: Path) -> None:
         release.set()
 
 
+async def test_a_store_of_another_kind_is_refused() -> None:
+    with pytest.raises(TypeError) as refused:
+        async with open_session(42, "s"):  # type: ignore[arg-type]
+            pass
+    assert str(refused.value) == (
+        "the store must be a directory, a postgresql:// URL or a persistence backend, not 42"
+    )
+
+
 # -- the checkpoints ------------------------------------------------------------------------
 
 

@@ -65,7 +65,7 @@ from ..contract import tool_call_block as _tool_call_block
 from ..hookspecs import hookimpl
 from ..host import Host
 from ..host.tools import error_message
-from ..persistence import open_store
+from ..persistence import WriteBehind, open_store
 from ..results import (
     TextBlock,
     ToolResult,
@@ -140,8 +140,7 @@ async def open_session(
 
     :raises SessionLockedError: if another process is writing the session.
     """
-    backend = open_store(store) if isinstance(store, (str, os.PathLike)) else store
-    plugins: list[object] = [backend, policy, invariant, _Boundaries()]
+    plugins: list[object] = [_backend_of(store), policy, invariant, _Boundaries()]
     options = {policy.REQUIRE_OPTION: True}
     async with Host(plugins, autoload=False, block=_BUILTINS, options=options) as host:
         session = await host.sessions.open(session_id)
@@ -152,6 +151,17 @@ async def open_session(
             host.sessions.detach(session)
             raise
         await host.sessions.close(session)
+
+
+def _backend_of(store: object) -> WriteBehind[Any]:
+    if isinstance(store, (str, os.PathLike)):
+        return open_store(store)
+    if isinstance(store, WriteBehind):
+        return store
+    raise TypeError(
+        "the store must be a directory, a postgresql:// URL or a persistence backend, "
+        f"not {store!r}"
+    )
 
 
 class PydanticAISession:
