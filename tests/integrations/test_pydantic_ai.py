@@ -32,6 +32,7 @@ from kai_session_checkpoint_policy import eventdata
 from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.integrations.pydantic_ai import (
     PydanticAISession,
+    UnrecordedToolCallError,
     history_of,
     open_session,
 )
@@ -319,6 +320,25 @@ async def test_runs_of_one_session_go_one_at_a_time(tmp_path: Path) -> None:
             "session 's' already has a run in progress: the runs of one session go one at a time"
         )
         release.set()
+
+
+async def test_calls_of_a_history_from_elsewhere_are_refused_before_they_run(
+    tmp_path: Path,
+) -> None:
+    bodies: list[str] = []
+    pending: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("Pay invoice 42")]),
+        ModelResponse(parts=[ToolCallPart("pay", {"invoice": 42}, tool_call_id="pay-0")]),
+    ]
+    agent = paying_agent(paying_model(), bodies)
+    async with open_session(tmp_path, "s") as session:
+        with pytest.raises(UnrecordedToolCallError) as refused:
+            await agent.run(None, message_history=pending, capabilities=[session.capability])
+    assert bodies == []
+    assert str(refused.value) == (
+        "session 's': tool call 'pay-0' (pay) was not asked for by a response recorded in this "
+        "session; run the agent with the session's message_history"
+    )
 
 
 async def test_a_store_of_another_kind_is_refused() -> None:
