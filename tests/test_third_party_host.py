@@ -32,7 +32,7 @@ async def test_a_host_of_its_own_is_durable_before_the_model_and_before_the_tool
         assert isinstance(builtins, Builtins)
     assert answer == "Paid."
     assert builtins.seen == [
-        "model sees step/start durable",
+        "model sees user/message durable",
         "tool sees tool/call durable",
         "model sees step/start durable",
     ]
