@@ -54,7 +54,7 @@ from . import eventdata
 from .contract import Finish, text_block, tool_call_block
 from .hookspecs import hookimpl
 from .pytest_plugin import FlushRecorder, Gate
-from .results import TOOL_OUTCOME_UNKNOWN
+from .results import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 
 if TYPE_CHECKING:
     import os
@@ -186,12 +186,22 @@ class Violation:
 
 
 class ConformanceError(AssertionError):
-    """The host under test broke rules of the contract; the first line names the first one."""
+    """The host under test broke rules of the contract; the first line names the first one.
+
+    The lines after it list what else the kit found, by rule name, the first
+    :attr:`SHOWN` of them.
+    """
+
+    SHOWN: Final = 8
 
     def __init__(self, violations: Sequence[Violation]) -> None:
         self.violations: Final = tuple(violations)
-        lines = [str(violation) for violation in self.violations]
-        super().__init__("\n".join([lines[0], *(f"then: {line}" for line in lines[1:])]))
+        first, *others = self.violations
+        lines = [str(first)]
+        lines += [f"then: {other.message} [{other.rule}]" for other in others[: self.SHOWN]]
+        if len(others) > self.SHOWN:
+            lines.append(f"and {len(others) - self.SHOWN} more")
+        super().__init__("\n".join(lines))
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -389,9 +399,9 @@ class ScriptedTurn:
             self._broken(
                 "outcome-unknown",
                 f"a crash while the tool body of call {call_id!r} runs would be recovered as "
-                f"{answer}, not TOOL_OUTCOME_UNKNOWN: recovery needs the turn's turn/start, the "
-                f"assistant/message asking for the call and its tool/call durable, in the "
-                "shapes of eventdata (see persistence/repair)",
+                f"{answer}, not TOOL_OUTCOME_UNKNOWN: recovery needs, durable, the turn's "
+                "turn/start, the assistant/message that asks for the call and the call's "
+                "tool/call, in the shapes eventdata builds",
             )
         self._log_durable(stored, moment)
 
@@ -496,10 +506,17 @@ def _recovered_answer(stored: StoredLog | None, call_id: str) -> str:
     for event in () if stored is None else stored.repair:
         if _answering(call_id)(event):
             error = eventdata.error_of(event.data)
-            return "an error result without a code" if error is None else error["code"]
+            code = "an error result without a code" if error is None else error["code"]
+            return _MEANING.get(code, code)
     if _find(stored, _answering(call_id)):
         return "the result the log already holds"
     return "nothing (the call would vanish from the model's context)"
+
+
+_MEANING: Final = {
+    TOOL_NOT_STARTED: f"{TOOL_NOT_STARTED} (the model would be told it had no effect and may "
+    "be retried)",
+}
 
 
 async def _read(root: str | os.PathLike[str], session_id: str) -> StoredLog | None:
