@@ -178,14 +178,24 @@ class Conversations:
         return self._live.get(session_id)
 
     def _announce(self, session: Conversation, event: SessionEvent) -> None:
-        """``session_event``: each listener on its own, last registered first."""
-        hook = self._manager.hook.session_event
-        listeners = each_implementation(hook, session=session, event=event, host=self._host)
-        for plugin, listen in reversed(list(listeners)):
+        self._tell_each("session_event", session=session, event=event)
+
+    def _tell_each(self, hook_name: str, **kwargs: object) -> None:
+        """``session_event``, ``session_detach``: each listener on its own, last registered
+        first; one that raises is logged, and the others still hear of it."""
+        hook = getattr(self._manager.hook, hook_name)
+        listeners = list(each_implementation(hook, host=self._host, **kwargs))
+        for plugin, listen in reversed(listeners):
             try:
                 listen()
             except Exception:
-                logger.exception("session_event of %r failed on seq %d", plugin, event.seq)
+                logger.exception("%s of plugin %r failed", hook_name, plugin)
+
+    async def close(self, session: Conversation) -> None:
+        """Flush *session*, then let it go: the plugins hear of it with ``session_detach``."""
+        await self.flush(session)
+        del self._live[session.id]
+        self._tell_each("session_detach", session=session)
 
     async def flush(self, session: Conversation) -> bool:
         """``session_flush``: every thunk started at once; the first failure raised."""
@@ -303,6 +313,7 @@ class MiniHost:
             await self._cleanups.aclose()
         await self._tasks.aclose()
 
+    # example: resume
     async def resume(self, session_id: str) -> Conversation:
         """The stored session, recovered, live again: its next event continues its seqs."""
         backend = self._persistence
@@ -311,8 +322,10 @@ class MiniHost:
         stored = await backend.load(session_id)  # the repair is durable once this returns
         return self.sessions.create(session_id, seed=stored.events)
 
+    # example: end
     # -- the agent loop ----------------------------------------------------------------------
 
+    # example: turn
     async def run_turn(self, session: Conversation, text: str) -> str:
         """One turn: model requests, and the tool calls they ask for, until an answer."""
         turn = 1 + sum(event.type == "turn/start" for event in session.events)
@@ -377,6 +390,8 @@ class MiniHost:
             eventdata.tool_result(turn, step, call_id, result),
             sources=[started.seq],
         )
+
+    # example: end
 
 
 ModelFunction = Callable[[Prompt], AsyncGenerator[StreamChunk, None]]
