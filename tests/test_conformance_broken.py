@@ -6,6 +6,7 @@ the kit's hook-level checks (it calls the hooks as it should), and fails the who
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,7 +28,6 @@ from .third_party_host import (
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from kai_session_checkpoint_policy.events import JSONObject
     from kai_session_checkpoint_policy.hookspecs import StreamThunk, ToolThunk
@@ -102,6 +102,10 @@ class StreamOnlyHost(MiniHost):
         return blocks
 
 
+def writing_a_host() -> str:
+    return (Path(__file__).resolve().parent.parent / "docs" / "writing-a-host.md").read_text()
+
+
 async def broken_rules(host_type: type[MiniHost], root: Path) -> ConformanceError:
     with pytest.raises(ConformanceError) as caught:
         await check_turn(factory_of(host_type), root)
@@ -128,6 +132,7 @@ async def test_a_tool_call_recorded_after_the_body_fails_the_tool_call_rule(
         "been appended (or not announced with session_event) by then"
     )
     assert str(error).splitlines()[0] == str(first)
+    assert f"```text\n{first}\n```" in writing_a_host()  # the page quotes it
     assert error.rules == ("tool-call", "outcome-unknown")
     assert (
         "a crash while the tool body of call 'c1' runs would be recovered as TOOL_NOT_STARTED "
