@@ -1,7 +1,7 @@
 """The conformance kit fails a host that breaks the guarantee, and names the rule it breaks.
 
-Each broken host is the host of ``third_party_host.py`` with one thing done wrong; each passes
-the kit's hook-level checks (it calls the hooks as it should), and fails the whole turn.
+Each broken host is the host of ``third_party_host.py`` with one thing done wrong; the kit
+drives one turn through it and fails it, the rule it breaks named first.
 """
 
 from __future__ import annotations
