@@ -11,8 +11,8 @@ where the code comes from::
     ```
 
 ``pyobject=NAME`` takes a top-level class or function, ``between=LABEL`` the lines between
-``# example: LABEL`` and ``# example: end`` (which may be indented: the lines are dedented),
-``from-line=N`` the lines from line N on, and nothing at all the whole file. Run
+``# example: LABEL`` and ``# example: end``, ``from-line=N`` the lines from line N on, and
+nothing at all the whole file. Run
 ``python tests/doc_snippets.py`` to rewrite every block from its file after changing one.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import Final
 
@@ -47,11 +46,10 @@ def _region(path: Path, kind: str | None, name: str | None) -> str:
     lines = text.splitlines(keepends=True)
     if kind == "from-line":
         return "".join(lines[int(name or 1) - 1 :])
-    if kind == "between":  # the markers may be indented, inside a class: the code is dedented
-        marks = [line.strip() for line in lines]
-        start = marks.index(f"# example: {name}") + 1
-        end = marks.index("# example: end", start)
-        return textwrap.dedent("".join(lines[start:end]))
+    if kind == "between":
+        start = lines.index(f"# example: {name}\n") + 1
+        end = lines.index("# example: end\n", start)
+        return "".join(lines[start:end])
     definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.parse(text).body:
         if isinstance(node, definitions) and node.name == name:

@@ -13,7 +13,7 @@ from kai_session_checkpoint_policy.hookspecs import hookimpl
 from kai_session_checkpoint_policy.host import AUTOLOAD_ENV
 from kai_session_checkpoint_policy.results import TOOL_OUTCOME_UNKNOWN
 
-from .third_party_host import Builtins, Invocation, MiniHost
+from .third_party_host import Builtins, Invocation, MiniHost, resume
 
 pytestmark = pytest.mark.anyio
 
@@ -98,7 +98,7 @@ async def test_a_session_resumed_after_a_crash_in_the_tool_goes_on_from_its_repa
         assert interrupted.cancelled_caught
         assert session.events[-1].type == "tool/call"
     async with MiniHost(options=options) as host:
-        resumed = await host.resume("mini")
+        resumed = await resume(host, "mini")
         repair = resumed.events[len(session.events) :]
         assert [event.type for event in repair] == ["tool/result", "step/end", "turn/end"]
         assert eventdata.error_of(repair[0].data) == {

@@ -247,85 +247,12 @@ class Registry:
         return True
 
 
-class MiniHost:
-    """The host: a plugin manager and the services the contract names."""
+class AgentLoop:
+    """The agent loop of :class:`MiniHost`: turns of steps, each a model request and the tool
+    calls it asks for, every event appended before what it records happens."""
 
-    def __init__(self, plugins: Sequence[object] = (), *, options: Mapping[str, object] = {}):
-        self.manager = pluggy.PluginManager(PROJECT)
-        self.manager.add_hookspecs(hookspecs)
-        self.options: Mapping[str, object] = dict(options)
-        self.sessions = Conversations(self.manager, self)
-        self.llm, self.tools = "llm", "tools"  # the policy only checks they are there
-        self.invariants = Registry()
-        self.builtins = Builtins()
-        self._persistence: PersistenceLike | None = None
-        self._tasks = AsyncExitStack()  # the task group, closed last
-        self._cleanups = AsyncExitStack()  # the plugins' cleanups, closed first, shielded
-        self._group: TaskGroup | None = None
-        self.manager.register(self.builtins, name="mini-host-builtins")
-        if not plugins:
-            self.manager.load_setuptools_entrypoints(PROJECT)
-        for plugin in plugins:
-            self.register(plugin)
+    manager: pluggy.PluginManager
 
-    @property
-    def session_persistence(self) -> PersistenceLike | None:
-        return self._persistence
-
-    @property
-    def task_group(self) -> TaskGroup:
-        assert self._group is not None, "the host is not open"
-        return self._group
-
-    def add_cleanup(self, cleanup: Callable[[], Awaitable[object]]) -> None:
-        self._cleanups.push_async_callback(cleanup)
-
-    def register(self, plugin: object, name: str | None = None) -> str:
-        registered = self.manager.register(plugin, name or getattr(plugin, "name", None))
-        assert registered is not None
-        return registered
-
-    def unregister(self, plugin: object) -> None:
-        self.manager.subset_hook_caller(
-            "host_unconfigure", [p for p in self.manager.get_plugins() if p is not plugin]
-        )(host=self)
-        self.manager.unregister(plugin)
-
-    def provide_session_persistence(self, backend: PersistenceLike) -> None:
-        if self._persistence not in (None, backend):
-            raise RuntimeError(f"{backend!r} cannot be the persistence: {self._persistence!r} is")
-        self._persistence = backend
-
-    def withdraw_session_persistence(self, backend: PersistenceLike) -> None:
-        if self._persistence is backend:
-            self._persistence = None
-
-    async def __aenter__(self) -> MiniHost:
-        self._group = await self._tasks.enter_async_context(anyio.create_task_group())
-        self._tasks.callback(self._group.cancel_scope.cancel)  # after the cleanups
-        self.manager.hook.host_configure.call_historic(kwargs={"host": self})
-        self.manager.hook.host_opened(host=self)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.manager.hook.host_unconfigure(host=self)
-        with anyio.CancelScope(shield=True):  # a backend drains its queues here
-            await self._cleanups.aclose()
-        await self._tasks.aclose()
-
-    # example: resume
-    async def resume(self, session_id: str) -> Conversation:
-        """The stored session, recovered, live again: its next event continues its seqs."""
-        backend = self._persistence
-        if not isinstance(backend, SessionPersistenceLike):
-            raise LookupError(f"no backend that can resume session {session_id!r}")
-        stored = await backend.load(session_id)  # the repair is durable once this returns
-        return self.sessions.create(session_id, seed=stored.events)
-
-    # example: end
-    # -- the agent loop ----------------------------------------------------------------------
-
-    # example: turn
     async def run_turn(self, session: Conversation, text: str) -> str:
         """One turn: model requests, and the tool calls they ask for, until an answer."""
         turn = 1 + sum(event.type == "turn/start" for event in session.events)
@@ -391,7 +318,81 @@ class MiniHost:
             sources=[started.seq],
         )
 
-    # example: end
+
+class MiniHost(AgentLoop):
+    """The host: a plugin manager, the services the contract names, and its agent loop."""
+
+    def __init__(self, plugins: Sequence[object] = (), *, options: Mapping[str, object] = {}):
+        self.manager = pluggy.PluginManager(PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self.options: Mapping[str, object] = dict(options)
+        self.sessions = Conversations(self.manager, self)
+        self.llm, self.tools = "llm", "tools"  # the policy only checks they are there
+        self.invariants = Registry()
+        self.builtins = Builtins()
+        self._persistence: PersistenceLike | None = None
+        self._tasks = AsyncExitStack()  # the task group, closed last
+        self._cleanups = AsyncExitStack()  # the plugins' cleanups, closed first, shielded
+        self._group: TaskGroup | None = None
+        self.manager.register(self.builtins, name="mini-host-builtins")
+        if not plugins:
+            self.manager.load_setuptools_entrypoints(PROJECT)
+        for plugin in plugins:
+            self.register(plugin)
+
+    @property
+    def session_persistence(self) -> PersistenceLike | None:
+        return self._persistence
+
+    @property
+    def task_group(self) -> TaskGroup:
+        assert self._group is not None, "the host is not open"
+        return self._group
+
+    def add_cleanup(self, cleanup: Callable[[], Awaitable[object]]) -> None:
+        self._cleanups.push_async_callback(cleanup)
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        registered = self.manager.register(plugin, name or getattr(plugin, "name", None))
+        assert registered is not None
+        return registered
+
+    def unregister(self, plugin: object) -> None:
+        self.manager.subset_hook_caller(
+            "host_unconfigure", [p for p in self.manager.get_plugins() if p is not plugin]
+        )(host=self)
+        self.manager.unregister(plugin)
+
+    def provide_session_persistence(self, backend: PersistenceLike) -> None:
+        if self._persistence not in (None, backend):
+            raise RuntimeError(f"{backend!r} cannot be the persistence: {self._persistence!r} is")
+        self._persistence = backend
+
+    def withdraw_session_persistence(self, backend: PersistenceLike) -> None:
+        if self._persistence is backend:
+            self._persistence = None
+
+    async def __aenter__(self) -> MiniHost:
+        self._group = await self._tasks.enter_async_context(anyio.create_task_group())
+        self._tasks.callback(self._group.cancel_scope.cancel)  # after the cleanups
+        self.manager.hook.host_configure.call_historic(kwargs={"host": self})
+        self.manager.hook.host_opened(host=self)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.manager.hook.host_unconfigure(host=self)
+        with anyio.CancelScope(shield=True):  # a backend drains its queues here
+            await self._cleanups.aclose()
+        await self._tasks.aclose()
+
+
+async def resume(host: MiniHost, session_id: str) -> Conversation:
+    """The stored session, recovered, live again: its next event continues its seqs."""
+    backend = host.session_persistence
+    if not isinstance(backend, SessionPersistenceLike):
+        raise LookupError(f"no backend that can resume session {session_id!r}")
+    stored = await backend.load(session_id)  # the repair is durable once this returns
+    return host.sessions.create(session_id, seed=stored.events)
 
 
 ModelFunction = Callable[[Prompt], AsyncGenerator[StreamChunk, None]]
