@@ -107,6 +107,13 @@ def test_writing_a_host_lists_every_member_of_every_protocol() -> None:
         assert shown == declared, name
 
 
+def test_writing_a_host_lists_every_rule_of_the_conformance_kit() -> None:
+    from kai_session_checkpoint_policy.conformance import RULES
+
+    page = (DOCS / "writing-a-host.md").read_text()
+    assert re.findall(r"^\* `([a-z-]+)`: ", page, re.MULTILINE) == list(RULES)
+
+
 # -------------------------------------------------------------------------------------------
 # Code blocks are the example files that run here
 # -------------------------------------------------------------------------------------------

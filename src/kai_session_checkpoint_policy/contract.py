@@ -24,7 +24,7 @@ use it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -43,6 +43,7 @@ __all__ = [
     "InvariantsLike",
     "LlmRequest",
     "ModelRequestLike",
+    "PersistenceLike",
     "PluginHost",
     "PreStepDecision",
     "PreStepLike",
@@ -175,12 +176,25 @@ class StoredSessionLike(Protocol):
     def events(self) -> Sequence[SessionEvent]: ...
 
 
-class SessionPersistenceLike(Protocol):
-    """A persistence backend, as its host sees it (``host.session_persistence``).
+class PersistenceLike(Protocol):
+    """A persistence backend, as plugins see it (``host.session_persistence``).
 
-    The policy only checks that one is there; a host uses it to tell a new session from a stored
-    one (``session_exists``, which answers at once) and to resume a stored one (``load``, with
-    recovery: the repair is durable before it returns).
+    It declares no member: the plugins of this package only check that a backend is there (the
+    policy does nothing without one), and reach it through the ``session_flush`` and
+    ``session_event`` hooks, never through this object. A host's own persistence layer fits as
+    it is.
+    """
+
+
+@runtime_checkable
+class SessionPersistenceLike(PersistenceLike, Protocol):
+    """A persistence backend, as a host that resumes sessions sees it.
+
+    No plugin reads these members; the backends of this package offer them, and a host such as
+    the reference one uses them to tell a new session from a stored one (``session_exists``,
+    which answers at once) and to resume a stored one (``load``, with recovery: the repair is
+    durable before it returns). ``isinstance(host.session_persistence, SessionPersistenceLike)``
+    tells whether the backend a plugin provided offers them.
     """
 
     @property
@@ -205,7 +219,7 @@ class HostServices(Protocol[S]):
     @property
     def invariants(self) -> InvariantsLike | None: ...
     @property
-    def session_persistence(self) -> SessionPersistenceLike | None: ...
+    def session_persistence(self) -> PersistenceLike | None: ...
 
 
 class PluginHost(HostServices[S], Protocol[S]):
@@ -233,8 +247,8 @@ class PluginHost(HostServices[S], Protocol[S]):
     def task_group(self) -> TaskGroup: ...
     def add_cleanup(self, cleanup: Callable[[], Awaitable[object]]) -> None: ...
     def register(self, plugin: object, name: str | None = None) -> str: ...
-    def provide_session_persistence(self, backend: SessionPersistenceLike) -> None: ...
-    def withdraw_session_persistence(self, backend: SessionPersistenceLike) -> None: ...
+    def provide_session_persistence(self, backend: PersistenceLike) -> None: ...
+    def withdraw_session_persistence(self, backend: PersistenceLike) -> None: ...
 
 
 # -------------------------------------------------------------------------------------------

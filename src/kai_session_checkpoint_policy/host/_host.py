@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 
 from .. import hookspecs
+from ..contract import SessionPersistenceLike
 from ..hookspecs import PROJECT
 from ._hooks import HostHooks, HostPluginManager
 from .agent import DefaultPreStep
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-    from ..contract import SessionPersistenceLike
+    from ..contract import PersistenceLike
 
 __all__ = ["AUTOLOAD_ENV", "Host", "HostOptionError", "HostStateError", "PersistenceConflictError"]
 
@@ -98,11 +99,23 @@ class Host:
         """The persistence backend a plugin provided, or ``None``."""
         return self._session_persistence
 
-    def provide_session_persistence(self, backend: SessionPersistenceLike) -> None:
+    def provide_session_persistence(self, backend: PersistenceLike) -> None:
         """Make *backend* the host's ``session_persistence``.
 
+        Plugins need nothing of a backend but its presence; this host also tells new sessions
+        from stored ones and resumes them with it, so the backend must offer what
+        :class:`~kai_session_checkpoint_policy.contract.SessionPersistenceLike` declares.
+
         :raises PersistenceConflictError: if another backend already is, naming both.
+        :raises TypeError: if *backend* lacks a member this host reads, naming it.
         """
+        if not isinstance(backend, SessionPersistenceLike):
+            missing = [member for member in _HOST_READS if not hasattr(backend, member)]
+            raise TypeError(
+                f"{_describe(backend)} cannot be the session persistence of this host: it has "
+                f"no {' and no '.join(missing)} (the host tells new sessions from stored ones "
+                "and resumes them with these)"
+            )
         current = self._session_persistence
         if current is not None and current is not backend:
             raise PersistenceConflictError(
@@ -111,7 +124,7 @@ class Host:
             )
         self._session_persistence = backend
 
-    def withdraw_session_persistence(self, backend: SessionPersistenceLike) -> None:
+    def withdraw_session_persistence(self, backend: PersistenceLike) -> None:
         """Stop using *backend* as ``session_persistence``, if it is."""
         if self._session_persistence is backend:
             self._session_persistence = None
@@ -243,6 +256,10 @@ def _default_name(plugin: object) -> str:
 
 def _describe(backend: object) -> str:
     return repr(backend)
+
+
+_HOST_READS: Final = ("name", "session_exists", "load")
+"""What this host reads of its persistence backend, besides what plugins need."""
 
 
 @asynccontextmanager
