@@ -775,22 +775,21 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         what that recovery salvaged from them is salvaged again from the kept copy.
         """
         scan = self._scan_session(self._read(path, session_id), path, session_id)
-        kept = path.with_name(f"{path.name}.torn-{scan.committed_bytes}")
-        tail_cut = bool(scan.torn) or _exists(kept)
-        if not scan.torn and tail_cut and path.name == ZSTD_LOG_NAME:
-            scan = salvage(scan, self.files.read(kept), path)
+        kept = _kept_copies(path, scan.committed_bytes)
+        tail_cut = bool(scan.torn) or bool(kept)
+        if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
+            # The last copy kept at this offset holds the bytes the last cut there removed.
+            scan = salvage(scan, self.files.read(kept[-1]), path)
         return scan, repair_of(scan.events, partial(_corrupt_data, path), tail_cut=tail_cut)
 
     def _keep_torn(self, path: Path, offset: int, torn: bytes) -> None:
-        """Keep the bytes cut at *offset* beside the log, unless an earlier attempt did."""
-        name, attempt = f"{path.name}.torn-{offset}", 1
-        keep = path.with_name(name)
-        while _exists(keep):
-            if self.files.read(keep) == torn:
-                return
-            attempt += 1
-            keep = path.with_name(f"{name}.{attempt}")
-        self.files.publish(keep, torn)
+        """Keep the bytes cut at *offset* beside the log, unless the last copy kept there holds
+        them already (an earlier attempt of this recovery kept them)."""
+        kept = _kept_copies(path, offset)
+        if kept and self.files.read(kept[-1]) == torn:
+            return
+        name = f"{path.name}.torn-{offset}"
+        self.files.publish(path.with_name(f"{name}.{len(kept) + 1}" if kept else name), torn)
 
     def _scan_sessions(self) -> SessionListing:
         if not self.root.is_dir():
@@ -874,6 +873,16 @@ def _refuse_link(directory: Path) -> NoReturn:
     raise InvalidSessionIdError(
         f"{directory} is a symbolic link; refusing to follow it out of the root"
     )
+
+
+def _kept_copies(path: Path, offset: int) -> list[Path]:
+    """The copies of torn tails cut from *path* at *offset*, oldest first: ``.torn-<offset>``,
+    then ``.torn-<offset>.2`` and on, each kept by a later cut at that offset."""
+    name = f"{path.name}.torn-{offset}"
+    copies: list[Path] = []
+    while _exists(candidate := path.with_name(f"{name}.{len(copies) + 1}" if copies else name)):
+        copies.append(candidate)
+    return copies
 
 
 def _exists(path: Path) -> bool:
