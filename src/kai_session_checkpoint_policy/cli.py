@@ -510,6 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .contract import SessionExistsError
     from .demo import DemoError
     from .events import StoredDataError
+    from .host import SessionError
     from .persistence import PersistenceError
     from .persistence.errors import (
         CorruptLogError,
@@ -541,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, StoredDataError, SessionExistsError, *bad_input) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DemoError, OSError, PersistenceError) as exc:
+    except (DemoError, OSError, PersistenceError, SessionError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:

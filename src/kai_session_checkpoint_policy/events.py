@@ -50,6 +50,7 @@ __all__ = [
     "JSON",
     "KNOWN_EVENT_TYPES",
     "MAX_JSON_DEPTH",
+    "MAX_TIME",
     "SURFACE_EVENT_TYPES",
     "Deferred",
     "EventDataError",
@@ -64,6 +65,7 @@ __all__ = [
     "envelope_problem",
     "json_depth",
     "on_fresh_stack",
+    "time_problem",
 ]
 
 JSON: TypeAlias = "bool | int | float | str | list[JSON] | dict[str, JSON] | None"
@@ -133,6 +135,27 @@ must be marked ``ignorable``, or the log is refused as unsupported."""
 SURFACE_EVENT_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/result"})
 """The types whose events are messages of the transcript; only they carry ``surfaceOp`` and
 ``sourceEventSeqs``."""
+
+MAX_TIME: Final = 253_402_300_799_999
+"""The latest time an event may have, in epoch milliseconds: the end of the year 9999 (UTC),
+the last moment :class:`datetime.datetime` can show. Times are integers from 0 to this."""
+
+
+def time_problem(time: object) -> str | None:
+    """What is wrong with *time* as an event's time, or ``None``: an integer number of epoch
+    milliseconds from 0 (1970) to :data:`MAX_TIME` (the end of the year 9999)."""
+    if type(time) is int and 0 <= time <= MAX_TIME:
+        return None
+    if type(time) is not int:
+        return (
+            f"the time {time!r} is not an integer number of epoch milliseconds (a clock in "
+            "seconds, microseconds or floats?)"
+        )
+    return (
+        f"the time {time} is outside 0 to {MAX_TIME}: before 1970 or after the year 9999 in "
+        "epoch milliseconds (a clock that jumped, or in another unit?)"
+    )
+
 
 MAX_JSON_DEPTH: Final = 64
 """How many levels of arrays and objects event data may nest; the data object is level 1.

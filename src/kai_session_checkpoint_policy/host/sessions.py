@@ -13,12 +13,14 @@ from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
 from ..events import (
     KNOWN_EVENT_TYPES,
+    MAX_TIME,
     SURFACE_EVENT_TYPES,
     EventSequence,
     SessionEvent,
     StoredEvents,
     encode_data,
     envelope_problem,
+    time_problem,
 )
 
 if TYPE_CHECKING:
@@ -209,7 +211,7 @@ class Session:
         ):  # the fast path: a known type, no envelope field to check
             copy, encoded = encode_data(event_type, data)
             surface: SurfaceOp | None = "append" if event_type in SURFACE_EVENT_TYPES else None
-            event = SessionEvent(event_type, seq, self._clock(), copy, encoded, surface)
+            event = SessionEvent(event_type, seq, self._time(seq), copy, encoded, surface)
         else:
             _require_name("an event type", event_type)
             sources = None if source_event_seqs is None else tuple(source_event_seqs)
@@ -227,12 +229,25 @@ class Session:
                 raise SessionError(f"session {self.id!r}, seq {seq}: {problem}")
             copy, encoded = encode_data(event_type, data)
             event = SessionEvent(
-                event_type, seq, self._clock(), copy, encoded, surface_op, sources, ignorable
+                event_type, seq, self._time(seq), copy, encoded, surface_op, sources, ignorable
             )
         appended.append(event)
         if self._on_append is not None:
             self._on_append(self, event)
         return event
+
+    def _time(self, seq: int) -> int:
+        """The clock's time for the event *seq*, if a log can hold it; else nothing is appended.
+
+        A log refuses to be read with an event at a time it cannot hold, so such an event is
+        refused here, before anything (a checkpoint, a tool body) takes it as recorded.
+
+        :raises SessionError: naming the time and what is wrong with it.
+        """
+        time = self._clock()
+        if type(time) is not int or not 0 <= time <= MAX_TIME:
+            raise SessionError(f"session {self.id!r}, seq {seq}: {time_problem(time)}")
+        return time
 
 
 class SessionStore:

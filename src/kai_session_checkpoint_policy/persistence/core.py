@@ -35,8 +35,9 @@ import anyio.lowlevel
 
 from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
+from ..events import MAX_TIME, time_problem
 from ..hookspecs import hookimpl
-from .errors import LiveSessionError, SeqMismatchError
+from .errors import EventTimeError, LiveSessionError, SeqMismatchError
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
 from .workers import run_in_worker
@@ -172,6 +173,7 @@ def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], wher
     :raises SessionExistsError: if a new session's first batch meets a log another writer
         created meanwhile.
     :raises SeqMismatchError: naming the first seq that is not the one expected.
+    :raises EventTimeError: naming an event whose time no log can hold (nothing is written).
     """
     if count and batch[0].seq == 0:
         raise SessionExistsError(
@@ -185,6 +187,11 @@ def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], wher
                 f"session {session_id!r}: refusing to write seq {event.seq} at position "
                 f"{index} of a batch; the stored log holds {count} events, so seq "
                 f"{count + index} was expected"
+            )
+        time = event.time
+        if type(time) is not int or not 0 <= time <= MAX_TIME:  # no log could be read back
+            raise EventTimeError(
+                f"session {session_id!r}: refusing to write seq {event.seq}: {time_problem(time)}"
             )
 
 

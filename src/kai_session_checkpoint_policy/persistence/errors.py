@@ -12,6 +12,7 @@ __all__ = [
     "CorruptRecordError",
     "DatabaseError",
     "DuplicateLogError",
+    "EventTimeError",
     "InvalidSessionIdError",
     "LeaseLostError",
     "LiveSessionError",
@@ -86,6 +87,12 @@ class CorruptRecordError(CorruptLogError):
         self.byte = None
         self.seq = seq
         self.problem = problem
+
+
+class EventTimeError(PersistenceError, ValueError):
+    """An event's time is one no log can hold (not an integer of epoch milliseconds from 1970
+    to the year 9999): the batch is refused before anything of it is written, since a log
+    holding it could not be read back."""
 
 
 class DuplicateLogError(PersistenceError):

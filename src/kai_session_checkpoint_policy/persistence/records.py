@@ -40,6 +40,7 @@ from ..events import (
     JSON,
     KNOWN_EVENT_TYPES,
     MAX_JSON_DEPTH,
+    MAX_TIME,
     SURFACE_EVENT_TYPES,
     JSONObject,
     SessionEvent,
@@ -70,9 +71,6 @@ __all__ = [
     "encode_records",
 ]
 
-MAX_TIME: Final = 253_402_300_799_999
-"""The latest time a log may hold, in epoch milliseconds: the end of the year 9999 (UTC), the
-last moment :class:`datetime.datetime` can show."""
 TIME_RANGE: Final = f"an integer from 0 to {MAX_TIME} (epoch milliseconds up to the year 9999)"
 """What an event's time must be, as error messages name it."""
 RUN_BYTES: Final = 1 << 16
