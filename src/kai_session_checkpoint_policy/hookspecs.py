@@ -183,6 +183,22 @@ def session_flush(session: SessionLike, host: HostServices[Any]) -> FlushThunk |
 
 
 @hookspec
+def session_attach(session: SessionLike, host: HostServices[Any]) -> None:
+    """Hear that *session* is live here: created, resumed, or seeded with stored events.
+
+    :param session: The session that is live from now on.
+    :param host: The host services.
+
+    Called synchronously, once per session, before anything is appended to it; a plugin
+    registered while sessions are live hears of each of them when it is registered. A
+    persistence backend knows from it which sessions are live, even those that have not
+    appended yet (a load must not repair a log under a live session). Each implementation is
+    called on its own, last registered first, like :func:`session_event`; implementations
+    cannot be hook wrappers: registering one raises ``TypeError``.
+    """
+
+
+@hookspec
 def session_event(session: SessionLike, event: SessionEvent, host: HostServices[Any]) -> None:
     """Admit one event that was just appended to a live session.
 

@@ -22,15 +22,17 @@ __all__ = ["HostHooks", "HostPluginManager", "MissingImplementationError"]
 
 logger = logging.getLogger(__name__)
 
-_PER_IMPLEMENTATION: Final = frozenset({"session_flush", "session_event", "session_detach"})
+_PER_IMPLEMENTATION: Final = frozenset(
+    {"session_flush", "session_event", "session_attach", "session_detach"}
+)
 """The hooks whose implementations the host calls one by one, so they take no wrappers."""
 
 
 class HostPluginManager(pluggy.PluginManager):
     """pluggy's plugin manager, refusing hook wrappers on the hooks it calls one by one.
 
-    The host calls the implementations of ``session_flush``, ``session_event`` and
-    ``session_detach`` one by one, so that one that raises
+    The host calls the implementations of ``session_flush``, ``session_event``,
+    ``session_attach`` and ``session_detach`` one by one, so that one that raises
     cannot keep the others from running; a wrapper would never run, so registering one is an
     error, raised before the plugin is registered or configured.
     """
@@ -124,6 +126,20 @@ class HostHooks:
                     impl.plugin_name,
                     event.seq,
                     session.id,
+                )
+
+    def session_attach(self, session: Session, plugin: object | None = None) -> None:
+        """Announce that *session* is live, to every plugin or only to *plugin*, as
+        :meth:`session_event` announces."""
+        kwargs = {"session": session, "host": self._host}
+        for impl in reversed(self._hook.session_attach.get_hookimpls()):
+            if plugin is not None and impl.plugin is not plugin:
+                continue
+            try:
+                _call(impl, kwargs)
+            except Exception:
+                logger.exception(
+                    "session_attach listener %r failed on session %r", impl.plugin_name, session.id
                 )
 
     def session_detach(self, session: Session) -> None:

@@ -143,6 +143,8 @@ class Host:
         registered = self.pm.register(plugin, chosen)
         if registered is None:
             raise ValueError(f"plugin {chosen!r} is blocked on this host")
+        for session in self.sessions.live():  # a plugin registered while sessions are live
+            self.hooks.session_attach(session, plugin)
         return registered
 
     def unregister(self, plugin: object) -> None:
@@ -153,6 +155,24 @@ class Host:
         try:
             if self._lifecycle is not None:
                 self.hooks.host_unconfigure(plugin)
+        finally:
+            self.pm.unregister(plugin)
+
+    async def dispose(self, plugin: object) -> None:
+        """Unconfigure *plugin*, wait until it has released what it holds, then remove it.
+
+        A plugin that holds resources (a persistence backend: queued events, locks, leases,
+        connections) releases them in its ``aclose``, awaited here: a backend disposed this way
+        writes what its sessions admitted and lets go of their locks, so that the backend
+        registered next can go on with the same sessions. Its hooks are removed even if that
+        fails; the error then propagates.
+        """
+        try:
+            if self._lifecycle is not None:
+                self.hooks.host_unconfigure(plugin)
+            close = getattr(plugin, "aclose", None)
+            if close is not None:
+                await close()
         finally:
             self.pm.unregister(plugin)
 

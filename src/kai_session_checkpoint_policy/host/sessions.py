@@ -293,6 +293,7 @@ class SessionStore:
             session_id, events, clock=self._clock, on_append=self._hooks.session_event
         )
         self._live[session_id] = session
+        self._hooks.session_attach(session)
         return session
 
     async def resume(self, session_id: str) -> Session:

@@ -222,6 +222,15 @@ class WriteBehind(ABC, Generic[H]):
         host.withdraw_session_persistence(self)
 
     @hookimpl
+    def session_attach(self, session: SessionLogLike) -> None:
+        """Know *session* as live: a load never repairs its log, even before it appends."""
+        writer = self._writers.get(session.id)
+        if writer is None:
+            self._writers[session.id] = Writer(session)
+        else:
+            writer.session = session  # a session live again under the same id goes on
+
+    @hookimpl
     def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
         writer = self._writers.get(session.id)
         if writer is None:
@@ -251,8 +260,8 @@ class WriteBehind(ABC, Generic[H]):
     @hookimpl
     def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
         writer = self._writers.get(session.id)
-        if writer is None:
-            return None
+        if writer is None or not (writer.pending or writer.log is not None or writer.busy):
+            return None  # known live, and nothing admitted: nothing to flush
         return lambda: self._flush(writer)
 
     # -- what the backend provides ----------------------------------------------------------------
@@ -552,8 +561,20 @@ class WriteBehind(ABC, Generic[H]):
                     f"cannot load session {session_id!r} while its live turn is open"
                 )
             await self._flush(writer)
-            assert writer.log is not None
-            header = SessionHeader(session_id, events[0].time)
-            return StoredLog(header, tuple(events), (), 0, self._location(writer.log))
+            if self._writers.get(session_id) is writer:  # still live here
+                log = writer.log
+                if log is not None:
+                    header = SessionHeader(session_id, events[0].time)
+                    return StoredLog(header, tuple(events), (), 0, self._location(log))
+                # Live, and nothing written here yet: its log is what is stored, and a log
+                # under a live session is never repaired (the session goes on from it).
+                stored = await self.inspect(session_id)
+                if stored.repair:
+                    raise LiveSessionError(
+                        f"cannot load session {session_id!r}: it is live here, and its stored "
+                        "log ends inside a turn that recovery would close"
+                    )
+                return stored
+            # Detached while it was flushed: all it admitted is durable, and it is not live.
         # The repair is written once started, whatever cancels the caller meanwhile.
         return await run_in_worker(partial(self._recover, session_id))

@@ -82,7 +82,8 @@ class PersistenceStatistics:
     """Counters of one backend since it was created (a backend's own add to them)."""
 
     sessions: int
-    """Live sessions with a writer (sessions that admitted events)."""
+    """Sessions the backend holds a writer for: those live on its host, and those detached
+    whose last events are still being written."""
     pending_events: int
     """Events admitted and not yet durable."""
     batches: int
