@@ -46,6 +46,12 @@ class Figures:
     """The most descriptors the long-running host had open at once."""
     long_run_rss_growth_kib: int = 0
     """How much its resident memory grew after the warm-up."""
+    burst_sessions: int = 0
+    """Live sessions that checkpointed at once, twice, under a low limit on open files."""
+    burst_flushes_failed: int = 0
+    """Flushes of those bursts that failed (a test fails on any)."""
+    burst_peak_descriptors: int = 0
+    """The most descriptors the bursting process had open at once."""
     bit_flips: int = 0
     """Single bits flipped in the acknowledged last frame of a crashed compressed log."""
     bit_flips_refused: int = 0
@@ -74,6 +80,12 @@ class Figures:
                 f"long run: {self.long_run_sessions} sessions one after another, at most "
                 f"{self.long_run_peak_descriptors} descriptors open, resident memory "
                 f"+{self.long_run_rss_growth_kib} KiB after the warm-up"
+            )
+        if self.burst_sessions:
+            terminalreporter.write_line(
+                f"bursts: {self.burst_sessions} live sessions checkpointing at once (twice) "
+                f"under a limit of 1024 open files, at most {self.burst_peak_descriptors} "
+                f"descriptors open, {self.burst_flushes_failed} flushes failed"
             )
         if self.bit_flips:
             terminalreporter.write_line(

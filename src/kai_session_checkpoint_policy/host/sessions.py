@@ -270,12 +270,13 @@ class SessionStore:
             raise HostStateError("the host is not open: use its sessions inside 'async with host:'")
 
     def create(
-        self, session_id: str | None = None, *, seed: Iterable[SessionEvent] = ()
+        self, session_id: str | None = None, *, seed: Iterable[SessionEvent] | None = None
     ) -> Session:
         """Create a live session, optionally seeded with an already durable log.
 
         :raises SessionExistsError: if, without a *seed*, the persistence backend already has
-            a log for this id (:meth:`resume` continues it).
+            a log for this id (:meth:`resume` continues it); a seed, even an empty one (a stored
+            log without events), is that log.
         :raises SessionError: if a live session already has this id.
         """
         self._require_open()
@@ -283,8 +284,8 @@ class SessionStore:
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
         persistence = self._host.session_persistence
-        events = seed if isinstance(seed, StoredEvents) else tuple(seed)
-        if not events and persistence is not None and persistence.session_exists(session_id):
+        events = seed if isinstance(seed, StoredEvents) else tuple(seed or ())
+        if seed is None and persistence is not None and persistence.session_exists(session_id):
             raise SessionExistsError(
                 f"session {session_id!r} already has a log in {persistence.name}: continue it "
                 f"with 'await host.sessions.resume({session_id!r})', which recovers it first"

@@ -298,6 +298,10 @@ class WriteBehind(ABC, Generic[H]):
         """Whether an awaited write of *writer* may block the event loop's thread (never)."""
         return False
 
+    async def _make_room(self, writer: Writer[H]) -> None:
+        """Wait until *writer* may open what a write in a worker thread needs (on the loop's
+        thread, before :meth:`_before_write`); by default at once."""
+
     def _before_write(self, writer: Writer[H]) -> None:
         """Called on the loop's thread before a batch of *writer* is written."""
 
@@ -487,6 +491,8 @@ class WriteBehind(ABC, Generic[H]):
         waited out even when the caller is cancelled meanwhile, and the cancellation is raised
         after it, with the batch durable.
         """
+        if not inline:
+            await self._make_room(writer)  # may wait: the caller holds the lane, shielded
         batch, writer.pending = writer.pending, []
         writer.window.close()
         self._before_write(writer)

@@ -20,6 +20,7 @@ it is in flight.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import resource
@@ -35,6 +36,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ...cancellation import checkpoint_if_cancelled
 from ...hookspecs import hookimpl
 from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, Writer
 from ..errors import (
@@ -234,6 +236,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.pack_chunks: Final = pack_chunks
         self.files: Final = files if files is not None else OsFiles()
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
+        self._opening: set[str] = set()  # sessions whose next write opens their files
+        self._in_flight: set[str] = set()  # sessions with a write under way
+        self._room: anyio.Event | None = None  # set when a write ends, for those waiting
         # What this backend's last recoveries left (path, size, count), for their first write.
         self._recovered: OrderedDict[str, tuple[Path, int, int]] = OrderedDict()
         self._held: OrderedDict[str, _Log] = OrderedDict()  # their locked logs, in a host
@@ -283,6 +288,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if self._open.get(writer.session_id) is writer:
             del self._open[writer.session_id]
         super()._forget(writer)
+        self._wake()
 
     # -- where logs are -------------------------------------------------------------------------
 
@@ -385,38 +391,82 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             and loop_is_idle()
         )
 
-    def _before_write(self, writer: Writer[_Log]) -> None:
-        """Before *writer* opens its files, close those of idle sessions while too many are open.
-
-        The least recently written idle session goes first; a session is idle while no write
-        or flush of it is under way. Runs on the event loop's thread.
-        """
+    def _files_open(self, writer: Writer[_Log]) -> bool:
+        """Whether *writer*'s files are open: its log's, or those its recovery kept locked."""
         log = writer.log
-        if log is not None and log.lock_fd is not None:
-            return  # its files are open
-        while len(self._open) >= self.max_open_sessions:
+        if log is not None:
+            return log.lock_fd is not None
+        return writer.session_id in self._held
+
+    def _reserve(self, writer: Writer[_Log]) -> bool:
+        """Count *writer* among the sessions opening their files, if that stays within
+        :attr:`max_open_sessions` once idle sessions' files are closed; ``False`` if every
+        session whose files are open is writing (then nothing is closed).
+
+        Files kept by recoveries go first, then those of the least recently written sessions
+        whose write is not in flight. Runs on the event loop's thread.
+        """
+        while len(self._open) + len(self._held) + len(self._opening) >= self.max_open_sessions:
+            with self._recovered_lock:
+                held = self._held.popitem(last=False)[1] if self._held else None
+            if held is not None:
+                self._release(held)
+                continue
             idle = next(
-                (
-                    other
-                    for other in self._open.values()
-                    if not other.lane.locked() and other.barrier is None
-                ),
+                (other for other in self._open.values() if other.session_id not in self._in_flight),
                 None,
             )
             if idle is None:
-                return  # every open session is writing: go over the limit for now
+                return False
             del self._open[idle.session_id]
             if idle.log is not None:
                 self._release(idle.log)
+        self._opening.add(writer.session_id)
+        return True
+
+    async def _make_room(self, writer: Writer[_Log]) -> None:
+        """Wait until *writer* may open its files within :attr:`max_open_sessions`.
+
+        A burst of checkpoints of more sessions than that waits here, in turn, instead of
+        opening files beyond the process's limit: a session that ends its write makes room.
+        """
+        while not (
+            self._files_open(writer)
+            or writer.session_id in self._opening
+            or self._reserve(writer)
+            or not (self._open or self._opening)  # nothing to wait for: the limit is tiny
+        ):
+            if self._room is None:
+                self._room = anyio.Event()
+            await self._room.wait()
+
+    def _before_write(self, writer: Writer[_Log]) -> None:
+        """Mark *writer*'s write in flight; reserve room for its files if it has none yet (an
+        inline write, which cannot wait, goes over the limit if it must). Runs on the loop's
+        thread."""
+        self._in_flight.add(writer.session_id)
+        if not (self._files_open(writer) or writer.session_id in self._opening):
+            self._reserve(writer)
 
     def _after_write(self, writer: Writer[_Log]) -> None:
-        """Keep the order of the sessions whose files are open, after a write of *writer*."""
+        """Keep the order of the sessions whose files are open, after a write of *writer*, and
+        wake the writes waiting for room."""
+        session_id = writer.session_id
+        self._in_flight.discard(session_id)
+        self._opening.discard(session_id)
         log = writer.log
         if log is not None and log.lock_fd is not None:
-            self._open[writer.session_id] = writer
-            self._open.move_to_end(writer.session_id)
-        elif self._open.get(writer.session_id) is writer:
-            del self._open[writer.session_id]
+            self._open[session_id] = writer
+            self._open.move_to_end(session_id)
+        elif self._open.get(session_id) is writer:
+            del self._open[session_id]
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the writes waiting for room to open their files."""
+        room, self._room = self._room, None
+        if room is not None:
+            room.set()
 
     def _ready(self, session_id: str, log: _Log | None) -> _Log:
         if log is None:
@@ -626,9 +676,17 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
     async def list_sessions(self) -> list[SessionHeader]:
         """The headers of the intact sessions stored under the root, oldest first.
 
-        A session whose log cannot be read is left out; :meth:`scan_sessions` reports it.
+        A session whose log cannot be read is left out, with a warning naming it and why;
+        :meth:`scan_sessions` reports it too.
+
+        :raises NotADirectoryError: if the root is there but is not a directory.
         """
-        return list((await self.scan_sessions()).headers)
+        listing = await self.scan_sessions()
+        for problem in listing.problems:
+            logger.warning(
+                "session %s left out of the listing: %s", problem.directory, problem.error
+            )
+        return list(listing.headers)
 
     async def scan_sessions(self) -> SessionListing:
         """The headers of the intact sessions under the root, and the problems of the others.
@@ -639,7 +697,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         under the root in the earlier layout; other entries are not sessions. One bad session
         never hides the others.
         """
-        return await anyio.to_thread.run_sync(self._scan_sessions)
+        listing = await anyio.to_thread.run_sync(self._scan_sessions)
+        await checkpoint_if_cancelled()  # a listing cancelled meanwhile returns nothing
+        return listing
 
     async def inspect(self, session_id: str) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
@@ -652,6 +712,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """
         found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
         scan, repair = await anyio.to_thread.run_sync(self._read_log, found.path, session_id)
+        await checkpoint_if_cancelled()
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
 
     async def load(self, session_id: str) -> StoredLog:
@@ -793,6 +854,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
     def _scan_sessions(self) -> SessionListing:
         if not self.root.is_dir():
+            if _exists(self.root):
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "the session root is not a directory", str(self.root)
+                )
             return SessionListing((), ())
         found: list[tuple[SessionHeader, Path]] = []
         earlier: list[tuple[SessionHeader, Path]] = []
