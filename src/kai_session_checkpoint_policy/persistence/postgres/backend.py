@@ -55,7 +55,6 @@ from ..errors import (
     PersistenceError,
     UnsupportedFormatError,
 )
-from ..ids import check_session_id
 from ..options import check_seconds
 from ..records import RecordError, collector_paused, decode_event, decode_run
 from ..repair import repair_of
@@ -63,7 +62,7 @@ from ..values import PersistenceStatistics, SessionListing, StoredLog
 from ..workers import run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
-from .store import Batch, PostgresSessionStore
+from .store import Batch, PostgresSessionStore, check_storable_id
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -231,7 +230,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     def session_exists(self, session_id: str) -> bool:
         """Whether the database holds a log for *session_id* (one query, from this thread)."""
-        check_session_id(session_id)
+        check_storable_id(session_id)
         return self.store.exists(session_id)
 
     def statistics(self) -> PostgresStatistics:
@@ -269,6 +268,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     def _ready(self, session_id: str, log: _Lease | None) -> _Lease:
         if log is None:
+            check_storable_id(session_id)  # before the migration: no statement for such an id
             store = self._writable()
             asked = time.monotonic()
             lease = store.acquire(session_id, self.owner, self.lease_ttl)
@@ -425,13 +425,13 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         return await super().load(session_id)
 
     def _inspect(self, session_id: str) -> StoredLog:
-        check_session_id(session_id)
+        check_storable_id(session_id)
         header, events = self._read(self.store, session_id)
         repair = self._repair(session_id, events)
         return StoredLog(header, events, repair, 0, self._location_of(session_id))
 
     def _recover(self, session_id: str) -> StoredLog:
-        check_session_id(session_id)
+        check_storable_id(session_id)
         store = self._writable()
         lease = store.acquire(session_id, self.owner, self.lease_ttl)
         try:

@@ -40,6 +40,7 @@ time, so a long log is never held twice in memory.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,6 +54,7 @@ from psycopg_pool import ConnectionPool
 
 from ..errors import (
     DatabaseError,
+    InvalidSessionIdError,
     LeaseLostError,
     SeqMismatchError,
     SessionLockedError,
@@ -83,15 +85,53 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "MAX_SESSION_ID_BYTES",
     "SCHEMA_VERSION",
     "Batch",
     "Lease",
     "PostgresSessionStore",
     "StoredRecords",
+    "check_storable_id",
     "migration_lock_key",
 ]
 
 _T = TypeVar("_T")
+
+MAX_SESSION_ID_BYTES: Final = 2048
+"""The longest session id a database stores, in UTF-8 bytes: an id is a key of the tables'
+indexes, and an index entry must fit in a third of a page (about 2.7 kB) with the rest of its
+key."""
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_storable_id(session_id: object) -> str:
+    """*session_id*, if a database can store it: a non-empty string that is valid UTF-8 text
+    (no lone surrogate), holds no NUL character, and is at most :data:`MAX_SESSION_ID_BYTES`
+    long in UTF-8.
+
+    Checked before any statement is sent, so that an id the database would refuse (or that
+    the driver could not even encode) fails with an error naming why, and changes nothing.
+
+    :raises InvalidSessionIdError: naming what the id holds, and where.
+    """
+    checked = check_session_id(session_id)
+    found = _UNSTORABLE.search(checked)
+    if found is not None:
+        character = found[0]
+        where = f"at index {found.start()}"
+        problem = (
+            f"it holds a NUL character {where}, which PostgreSQL text cannot hold"
+            if character == "\x00"
+            else f"it holds a lone surrogate (U+{ord(character):04X}) {where}, which UTF-8 "
+            "cannot encode"
+        )
+    else:
+        size = len(checked.encode("utf-8"))
+        if size <= MAX_SESSION_ID_BYTES:
+            return checked
+        problem = f"it is {size} bytes long in UTF-8, more than {MAX_SESSION_ID_BYTES}"
+    shown = repr(checked) if len(checked) <= 60 else f"starting {checked[:40]!r}"
+    raise InvalidSessionIdError(f"session id {shown} cannot be stored in PostgreSQL: {problem}")
 
 
 class _NotAtOnce(Exception):
@@ -386,7 +426,7 @@ class PostgresSessionStore:
             when the lease expires), or if a batch in flight keeps the lease row locked past
             ``lock_timeout``.
         """
-        check_session_id(session_id)
+        check_storable_id(session_id)
         seconds = check_seconds("ttl", ttl)
 
         def acquire(connection: _Connection) -> Lease:
@@ -741,7 +781,11 @@ class PostgresSessionStore:
     # -- reading --------------------------------------------------------------------------------
 
     def exists(self, session_id: str) -> bool:
-        """Whether the store holds a session *session_id* (a lease alone makes none)."""
+        """Whether the store holds a session *session_id* (a lease alone makes none).
+
+        :raises InvalidSessionIdError: if the id cannot be stored (:func:`check_storable_id`).
+        """
+        check_storable_id(session_id)
 
         def exists(connection: _Connection) -> bool:
             if self._no_schema(connection):
@@ -756,6 +800,7 @@ class PostgresSessionStore:
 
     def count(self, session_id: str) -> int:
         """How many events the store holds for *session_id* (0 for a session it does not hold)."""
+        check_storable_id(session_id)
 
         def count(connection: _Connection) -> int:
             if self._no_schema(connection):
@@ -795,7 +840,9 @@ class PostgresSessionStore:
         the connection broke before it returned.
 
         :raises SessionNotFoundError: if the store holds no such session.
+        :raises InvalidSessionIdError: if the id cannot be stored (:func:`check_storable_id`).
         """
+        check_storable_id(session_id)
 
         def read(connection: _Connection) -> _T:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
