@@ -19,7 +19,7 @@ session goes on. Loading a session takes its lease for the recovery, and gives i
 moment share one (:mod:`.group_commit`).
 
 **Failure.** Every call is bounded (see :class:`PostgresSessionPersistence`): a database that is
-down or restarting makes a flush fail, keeping its batch queued; once it is back, the next
+down, restarting or stopped makes a flush fail, keeping its batch queued; once it is back, the next
 flush writes the batch, and one whose acknowledgement was lost is recognised, never written
 twice (:meth:`~.store.PostgresSessionStore.append_many`).
 
@@ -62,7 +62,12 @@ from ..values import PersistenceStatistics, SessionListing, StoredLog
 from ..workers import run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
-from .store import Batch, PostgresSessionStore, check_storable_id
+from .store import (
+    DEFAULT_STATEMENT_DEADLINE,
+    Batch,
+    PostgresSessionStore,
+    check_storable_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -174,6 +179,12 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         down, a flush fails after about this long (twice, at most, if a connection broke).
     :param lock_timeout: Seconds a statement waits for a lock: a takeover waits this long for
         a batch in flight.
+    :param statement_deadline: Seconds the server has to answer each statement, beyond the
+        ``lock_timeout`` it may wait for a lock; then the statement is cancelled, its
+        connection closed, and the flush fails. This bounds a server that stops answering
+        while its connections stay open (a stopped server process, a network that drops
+        everything): such a flush fails within ``statement_deadline + lock_timeout`` seconds,
+        plus at most 1 s for the cancel request.
     :param max_connections: The most connections the backend opens at once.
     :param application_name: Shown in ``pg_stat_activity`` for the backend's connections.
     """
@@ -190,6 +201,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         owner: str | None = None,
         pool_timeout: float = 5.0,
         lock_timeout: float = 2.0,
+        statement_deadline: float = DEFAULT_STATEMENT_DEADLINE,
         max_connections: int = 4,
         application_name: str = "kai-session-checkpoint-policy",
     ) -> None:
@@ -212,6 +224,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             schema=schema,
             pool_timeout=pool_timeout,
             lock_timeout=lock_timeout,
+            statement_deadline=statement_deadline,
             max_connections=max_connections,
             application_name=application_name,
             open=False,  # connected on first use, from a worker thread
