@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -100,11 +101,21 @@ async def _opened(
         _existing_root(url)
     if lease_ttl is not None and not is_postgres_url(url):
         raise UsageError(f"--lease-ttl applies to a postgresql:// store, not to {url}")
+    if is_postgres_url(url):
+        _quiet_driver()
     backend = open_store(url, lease_ttl=lease_ttl)
     try:
         yield backend
     finally:
         await backend.aclose()
+
+
+def _quiet_driver() -> None:
+    """Keep the PostgreSQL driver's log lines (its pool's connection attempts and discarded
+    connections) off standard error: the command reports a failure in one line of its own."""
+    driver = logging.getLogger("psycopg")
+    if not any(isinstance(handler, logging.NullHandler) for handler in driver.handlers):
+        driver.addHandler(logging.NullHandler())
 
 
 async def _list(args: argparse.Namespace) -> int:

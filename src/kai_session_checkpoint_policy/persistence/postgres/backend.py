@@ -19,7 +19,7 @@ session goes on. Loading a session takes its lease for the recovery, and gives i
 moment share one (:mod:`.group_commit`).
 
 **Failure.** Every call is bounded (see :class:`PostgresSessionPersistence`): a database that is
-down or restarting makes a flush fail, keeping its batch queued; once it is back, the next
+down, restarting or stopped makes a flush fail, keeping its batch queued; once it is back, the next
 flush writes the batch, and one whose acknowledgement was lost is recognised, never written
 twice (:meth:`~.store.PostgresSessionStore.append_many`).
 
@@ -55,7 +55,6 @@ from ..errors import (
     PersistenceError,
     UnsupportedFormatError,
 )
-from ..ids import check_session_id
 from ..options import check_seconds
 from ..records import RecordError, collector_paused, decode_event, decode_run
 from ..repair import repair_of
@@ -63,7 +62,12 @@ from ..values import PersistenceStatistics, SessionListing, StoredLog
 from ..workers import run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
-from .store import Batch, PostgresSessionStore
+from .store import (
+    DEFAULT_STATEMENT_DEADLINE,
+    Batch,
+    PostgresSessionStore,
+    check_storable_id,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -175,6 +179,12 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         down, a flush fails after about this long (twice, at most, if a connection broke).
     :param lock_timeout: Seconds a statement waits for a lock: a takeover waits this long for
         a batch in flight.
+    :param statement_deadline: Seconds the server has to answer each statement, beyond the
+        ``lock_timeout`` it may wait for a lock; then the statement is cancelled, its
+        connection closed, and the flush fails. This bounds a server that stops answering
+        while its connections stay open (a stopped server process, a network that drops
+        everything): such a flush fails within ``statement_deadline + lock_timeout`` seconds,
+        plus at most 1 s for the cancel request.
     :param max_connections: The most connections the backend opens at once.
     :param application_name: Shown in ``pg_stat_activity`` for the backend's connections.
     """
@@ -191,6 +201,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         owner: str | None = None,
         pool_timeout: float = 5.0,
         lock_timeout: float = 2.0,
+        statement_deadline: float = DEFAULT_STATEMENT_DEADLINE,
         max_connections: int = 4,
         application_name: str = "kai-session-checkpoint-policy",
     ) -> None:
@@ -213,6 +224,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             schema=schema,
             pool_timeout=pool_timeout,
             lock_timeout=lock_timeout,
+            statement_deadline=statement_deadline,
             max_connections=max_connections,
             application_name=application_name,
             open=False,  # connected on first use, from a worker thread
@@ -231,7 +243,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     def session_exists(self, session_id: str) -> bool:
         """Whether the database holds a log for *session_id* (one query, from this thread)."""
-        check_session_id(session_id)
+        check_storable_id(session_id)
         return self.store.exists(session_id)
 
     def statistics(self) -> PostgresStatistics:
@@ -269,6 +281,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     def _ready(self, session_id: str, log: _Lease | None) -> _Lease:
         if log is None:
+            check_storable_id(session_id)  # before the migration: no statement for such an id
             store = self._writable()
             asked = time.monotonic()
             lease = store.acquire(session_id, self.owner, self.lease_ttl)
@@ -425,13 +438,13 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         return await super().load(session_id)
 
     def _inspect(self, session_id: str) -> StoredLog:
-        check_session_id(session_id)
+        check_storable_id(session_id)
         header, events = self._read(self.store, session_id)
         repair = self._repair(session_id, events)
         return StoredLog(header, events, repair, 0, self._location_of(session_id))
 
     def _recover(self, session_id: str) -> StoredLog:
-        check_session_id(session_id)
+        check_storable_id(session_id)
         store = self._writable()
         lease = store.acquire(session_id, self.owner, self.lease_ttl)
         try:

@@ -27,9 +27,13 @@ retry itself, once, when a call fails because its connection broke (a connection
 before a server restart, or a backend that was terminated); otherwise the error is raised.
 
 **Bounded failure.** Connecting has ``connect_timeout``, waiting for a pooled connection has the
-pool's ``timeout``, and every statement has ``statement_timeout``: a server that is down or
-unreachable makes a call fail within about ``pool_timeout`` seconds, and once the server is back
-the same store works again.
+pool's ``timeout``, every statement has ``statement_timeout`` on the server, and every round trip
+has a deadline kept by the client (``statement_deadline`` plus ``lock_timeout``; see
+:class:`_BoundedConnection`): a server that is down or unreachable makes a call fail within
+about ``pool_timeout`` seconds, one that stops answering within the round trip's deadline (plus
+at most a second for the cancel request), and once the server is back the same store works
+again. The store's first connection is made outside the pool: a database that refuses it for
+good (no such database or role, a bad option) fails the first call at once, in one line.
 
 **Reading changes nothing.** A store opened with ``migrate=False`` creates no schema: on a
 database without one, it holds no sessions; :meth:`PostgresSessionStore.migrate` creates it
@@ -40,19 +44,23 @@ time, so a long log is never held twice in memory.
 from __future__ import annotations
 
 import math
+import re
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from ..errors import (
     DatabaseError,
+    InvalidSessionIdError,
     LeaseLostError,
     SeqMismatchError,
     SessionLockedError,
@@ -75,23 +83,65 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
     from datetime import datetime
 
-    from psycopg.rows import TupleRow
+    from psycopg.abc import PQGen
 
     from ...events import SessionEvent
 
-    _Connection: TypeAlias = psycopg.Connection[TupleRow]
+    _Connection: TypeAlias = "_BoundedConnection"
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "DEFAULT_STATEMENT_DEADLINE",
+    "MAX_SESSION_ID_BYTES",
     "SCHEMA_VERSION",
     "Batch",
     "Lease",
     "PostgresSessionStore",
     "StoredRecords",
+    "check_storable_id",
     "migration_lock_key",
 ]
 
 _T = TypeVar("_T")
+
+DEFAULT_STATEMENT_DEADLINE: Final = 3.0
+"""Seconds the server has to answer a statement (beyond the time it may wait for a lock)."""
+
+MAX_SESSION_ID_BYTES: Final = 2048
+"""The longest session id a database stores, in UTF-8 bytes: an id is a key of the tables'
+indexes, and an index entry must fit in a third of a page (about 2.7 kB) with the rest of its
+key."""
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def check_storable_id(session_id: object) -> str:
+    """*session_id*, if a database can store it: a non-empty string that is valid UTF-8 text
+    (no lone surrogate), holds no NUL character, and is at most :data:`MAX_SESSION_ID_BYTES`
+    long in UTF-8.
+
+    Checked before any statement is sent, so that an id the database would refuse (or that
+    the driver could not even encode) fails with an error naming why, and changes nothing.
+
+    :raises InvalidSessionIdError: naming what the id holds, and where.
+    """
+    checked = check_session_id(session_id)
+    found = _UNSTORABLE.search(checked)
+    if found is not None:
+        character = found[0]
+        where = f"at index {found.start()}"
+        problem = (
+            f"it holds a NUL character {where}, which PostgreSQL text cannot hold"
+            if character == "\x00"
+            else f"it holds a lone surrogate (U+{ord(character):04X}) {where}, which UTF-8 "
+            "cannot encode"
+        )
+    else:
+        size = len(checked.encode("utf-8"))
+        if size <= MAX_SESSION_ID_BYTES:
+            return checked
+        problem = f"it is {size} bytes long in UTF-8, more than {MAX_SESSION_ID_BYTES}"
+    shown = repr(checked) if len(checked) <= 60 else f"starting {checked[:40]!r}"
+    raise InvalidSessionIdError(f"session id {shown} cannot be stored in PostgreSQL: {problem}")
 
 
 class _NotAtOnce(Exception):
@@ -131,8 +181,76 @@ class StoredRecords:
     records: tuple[str, ...]
 
 
+_PASSING_REFUSALS: Final = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "sorry, too many clients already",
+    "remaining connection slots are reserved",
+)
+"""What a server says when it refuses a connection for now (the rest of its refusals last)."""
+
+
+def _refused_for_good(exc: psycopg.Error) -> bool:
+    """Whether a failed connection attempt would fail the same way however often it is tried.
+
+    The server refused it for a reason of its own: no such database or role, a password or
+    an option it does not accept (libpq reports a refusal as the server's ``FATAL`` message,
+    and gives it no SQLSTATE). Anything else may pass: no server there yet, a timeout, a
+    server starting up or out of connection slots; so may a refusal in a language other than
+    English, which is not recognised as such.
+    """
+    if not isinstance(exc, psycopg.OperationalError):
+        return True  # a connection string libpq does not accept
+    message = str(exc)
+    return "FATAL:" in message and not any(reason in message for reason in _PASSING_REFUSALS)
+
+
 def _milliseconds(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
+
+
+class _BoundedConnection(psycopg.Connection[TupleRow]):
+    """A connection each of whose round trips must be answered within a deadline.
+
+    Every statement, fetch, commit and rollback waits for the server through :meth:`wait`.
+    A wait that passes its deadline sends the server a cancel request (for at most
+    ``cancel_timeout`` seconds: a server that is stopped takes none), closes the connection,
+    and raises :class:`psycopg.OperationalError` naming the deadline. This bounds what neither
+    the server's ``statement_timeout`` nor the operating system bounds: a server process that
+    is stopped (or a network that drops everything) while the connection stays open, where a
+    Unix socket has no keepalives and a stopped server's kernel still answers TCP's.
+    """
+
+    round_trip_deadline: float | None = None
+    """Seconds a round trip may take; ``None``: no deadline (set by the store's pool)."""
+    cancel_timeout: float = 1.0
+    missed: float | None = None
+    """The deadline a round trip missed, which closed the connection; ``None`` while none did."""
+
+    def wait(self, gen: PQGen[_T], interval: float = 0.1, timeout: float | None = None) -> _T:
+        limit = self.round_trip_deadline
+        if limit is None or timeout is not None:
+            return super().wait(gen, interval, timeout)
+        started = time.monotonic()
+        try:
+            return super().wait(gen, interval, limit)
+        except psycopg.OperationalError as exc:
+            if time.monotonic() - started < limit:
+                raise  # an answer, or a broken connection: not the deadline
+            self.missed = limit
+            try:
+                self.cancel_safe(timeout=self.cancel_timeout)
+            except psycopg.Error:
+                pass  # the server may be stopped: closing the connection is what matters
+            finally:
+                self.close()
+            raise psycopg.OperationalError(
+                f"no reply from the server within the {limit:g} s deadline; the statement "
+                "was cancelled and its connection closed"
+            ) from exc
 
 
 class PostgresSessionStore:
@@ -153,6 +271,10 @@ class PostgresSessionStore:
     :param statement_timeout: Seconds any one statement may run on the server.
     :param lock_timeout: Seconds a statement may wait for a lock (a lease row that a batch in
         flight holds, a seq that another transaction is inserting).
+    :param statement_deadline: Seconds the server has to answer each round trip (a statement,
+        a fetch, a commit), beyond the ``lock_timeout`` it may spend waiting for a lock; a
+        round trip still unanswered then is cancelled, its connection closed, and the call
+        fails. This bounds a server that stops answering while its connections stay open.
     :param idle_in_transaction_timeout: Seconds the server lets one of the store's transactions
         sit idle before it ends the session, releasing its locks (a writer paused inside a batch).
     :param migration_timeout: Seconds a migration may wait for another process's migration, and
@@ -171,6 +293,7 @@ class PostgresSessionStore:
         pool_timeout: float = 5.0,
         statement_timeout: float = 10.0,
         lock_timeout: float = 2.0,
+        statement_deadline: float = DEFAULT_STATEMENT_DEADLINE,
         idle_in_transaction_timeout: float = 10.0,
         migration_timeout: float = 60.0,
         application_name: str = "kai-session-store",
@@ -184,6 +307,11 @@ class PostgresSessionStore:
         self.pool_timeout: Final = check_seconds("pool_timeout", pool_timeout)
         self.migration_timeout: Final = check_seconds("migration_timeout", migration_timeout)
         self.lock_timeout: Final = check_seconds("lock_timeout", lock_timeout)
+        self.statement_deadline: Final = check_seconds("statement_deadline", statement_deadline)
+        self.round_trip_deadline: Final = self.statement_deadline + self.lock_timeout
+        """Seconds a round trip may take: ``statement_deadline`` plus ``lock_timeout``."""
+        self.cancel_timeout: Final = min(1.0, self.statement_deadline)
+        """Seconds a cancel request may take once a round trip missed its deadline."""
         server_settings = {
             "statement_timeout": check_seconds("statement_timeout", statement_timeout),
             "lock_timeout": self.lock_timeout,
@@ -198,16 +326,21 @@ class PostgresSessionStore:
         options = [str(parameters.get("options") or "")] + [
             f"-c {name}={_milliseconds(seconds)}" for name, seconds in server_settings.items()
         ]
+        self._dsn: Final = dsn
+        self._connect_seconds: Final = connect_seconds
+        self._connect_kwargs: Final[dict[str, Any]] = {
+            # A statement on its own commits with its reply, in one round trip; the
+            # operations of several statements open a transaction (_run).
+            "autocommit": True,
+            "connect_timeout": connect_seconds,
+            "application_name": application_name,
+            "options": " ".join(options).strip(),
+        }
         self._pool: Final = ConnectionPool(
             dsn,
-            kwargs={
-                # A statement on its own commits with its reply, in one round trip; the
-                # operations of several statements open a transaction (_run).
-                "autocommit": True,
-                "connect_timeout": connect_seconds,
-                "application_name": application_name,
-                "options": " ".join(options).strip(),
-            },
+            connection_class=_BoundedConnection,
+            configure=self._configure,
+            kwargs=self._connect_kwargs,
             min_size=1,
             max_size=max_connections,
             timeout=self.pool_timeout,
@@ -260,27 +393,39 @@ class PostgresSessionStore:
     # -- running transactions -------------------------------------------------------------------
 
     def _run(
-        self, what: str, operation: Callable[[_Connection], _T], *, single: bool = False
+        self,
+        what: str,
+        operation: Callable[[_Connection], _T],
+        *,
+        single: bool = False,
+        deadline: float | None = None,
     ) -> _T:
         """Run *operation* in one transaction on a pooled connection; commit if it returns.
 
         A *single* operation runs one statement that writes (or none): it commits with its
         reply, without a transaction around it.
 
+        Each round trip must be answered within *deadline* seconds (the store's
+        :attr:`round_trip_deadline` by default): one that is not fails the call, and its
+        connection is closed (:class:`_BoundedConnection`).
+
         A call whose connection broke (a connection from before a server restart, or one whose
         backend was terminated) is run once more on a new connection; every operation is safe
-        to repeat. A database error is raised as a :class:`PersistenceError` naming *what*
-        failed, with the driver's exception as its cause.
+        to repeat. A connection closed at its deadline is not broken: that call fails. A
+        database error is raised as a :class:`PersistenceError` naming *what* failed, with the
+        driver's exception as its cause.
         """
         retried = False
         with self._opening:
             if self._pool.closed and not self._closed:
+                self._connect_first()
                 self._pool.open(wait=False)
         while True:
             try:
                 connection = self._pool.getconn()
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
+            connection.round_trip_deadline = deadline or self.round_trip_deadline
             try:
                 if single:
                     return operation(connection)
@@ -289,11 +434,55 @@ class PostgresSessionStore:
             except psycopg.Error as exc:
                 if connection.broken and not retried:
                     retried = True
-                    self._pool.check()  # replace the other broken connections it holds too
+                    # Replace the other broken connections it holds too (each check a round
+                    # trip with its deadline).
+                    self._pool.check()
                     continue
                 raise self._error(what, exc) from exc
             finally:
+                connection.round_trip_deadline = self.round_trip_deadline
                 self._pool.putconn(connection)
+
+    def _connect_first(self) -> None:
+        """Connect once outside the pool, before opening it: fail at once if that cannot work.
+
+        A refusal that would last (:func:`_refused_for_good`: no such database, role or
+        option, a password refused) is raised at once, rather than retried by the pool until
+        ``pool_timeout``; any other failure is tried again until ``pool_timeout`` has passed
+        (plus one attempt's ``connect_timeout`` at most), then raised. The error names the
+        database and the server's reason on one line, never the password. The pool's own
+        attempts, each of which it logs, start only once the database is known to be there.
+        """
+        give_up = time.monotonic() + self.pool_timeout
+        pause = 0.05
+        while True:
+            left = give_up - time.monotonic()
+            attempt = {
+                **self._connect_kwargs,
+                "connect_timeout": min(self._connect_seconds, max(2, math.ceil(left))),
+            }
+            try:
+                psycopg.Connection.connect(self._dsn, **attempt).close()
+            except psycopg.Error as exc:
+                if _refused_for_good(exc):
+                    raise self._connect_error("connecting failed", exc) from exc
+                if time.monotonic() + pause >= give_up:
+                    tried = f"connecting failed (tried for {self.pool_timeout:g} s)"
+                    raise self._connect_error(tried, exc) from exc
+                time.sleep(pause)
+                pause = min(2 * pause, 0.5)
+            else:
+                return
+
+    def _connect_error(self, failure: str, exc: psycopg.Error) -> DatabaseError:
+        reason = str(exc).removeprefix("connection failed: ")
+        problem = " ".join(reason.split()) or type(exc).__name__
+        return DatabaseError(f"PostgreSQL session store, {self._where}: {failure}: {problem}")
+
+    def _configure(self, connection: _BoundedConnection) -> None:
+        """Give a new connection of the pool its deadlines."""
+        connection.round_trip_deadline = self.round_trip_deadline
+        connection.cancel_timeout = self.cancel_timeout
 
     def _error(self, what: str, exc: psycopg.Error) -> DatabaseError:
         # The server's primary message alone: its context lines do not fit in one line.
@@ -343,7 +532,11 @@ class PostgresSessionStore:
         A migration holds an advisory lock, so two processes opening a store at once never
         both apply one: the second waits, then finds it applied.
         """
-        while (version := self._run("migrating the schema", self._migrate_once)) < SCHEMA_VERSION:
+        # Its statements may wait migration_timeout for another process's migration.
+        deadline = self.migration_timeout + self.statement_deadline
+        while (
+            version := self._run("migrating the schema", self._migrate_once, deadline=deadline)
+        ) < SCHEMA_VERSION:
             pass
         return version
 
@@ -386,7 +579,7 @@ class PostgresSessionStore:
             when the lease expires), or if a batch in flight keeps the lease row locked past
             ``lock_timeout``.
         """
-        check_session_id(session_id)
+        check_storable_id(session_id)
         seconds = check_seconds("ttl", ttl)
 
         def acquire(connection: _Connection) -> Lease:
@@ -662,8 +855,9 @@ class PostgresSessionStore:
         and every stored log ends right before its batch. Otherwise its last expression
         divides by zero, and the whole statement is undone.
 
-        :raises _NotAtOnce: if the statement found anything else (the caller's transaction
-            then finds out what, and writes what it may).
+        :raises _NotAtOnce: if the statement found anything else, or a seq it meant to write
+            already stored (the caller's transaction then finds out what, and writes what it
+            may).
         """
         rows = [
             (batch.lease.session_id, event, line)
@@ -689,6 +883,12 @@ class PostgresSessionStore:
                 },
             )
         except psycopg.errors.DivisionByZero:
+            raise _NotAtOnce from None
+        except psycopg.errors.UniqueViolation:
+            # The statement counted the stored events before it waited for the lease row, and
+            # meanwhile another statement stored some at these seqs: one that this store had
+            # given up on (its connection was closed at the deadline) but the server ran
+            # anyway once it answered again. The transaction finds out what is stored now.
             raise _NotAtOnce from None
 
     @staticmethod
@@ -741,7 +941,11 @@ class PostgresSessionStore:
     # -- reading --------------------------------------------------------------------------------
 
     def exists(self, session_id: str) -> bool:
-        """Whether the store holds a session *session_id* (a lease alone makes none)."""
+        """Whether the store holds a session *session_id* (a lease alone makes none).
+
+        :raises InvalidSessionIdError: if the id cannot be stored (:func:`check_storable_id`).
+        """
+        check_storable_id(session_id)
 
         def exists(connection: _Connection) -> bool:
             if self._no_schema(connection):
@@ -756,6 +960,7 @@ class PostgresSessionStore:
 
     def count(self, session_id: str) -> int:
         """How many events the store holds for *session_id* (0 for a session it does not hold)."""
+        check_storable_id(session_id)
 
         def count(connection: _Connection) -> int:
             if self._no_schema(connection):
@@ -795,7 +1000,9 @@ class PostgresSessionStore:
         the connection broke before it returned.
 
         :raises SessionNotFoundError: if the store holds no such session.
+        :raises InvalidSessionIdError: if the id cannot be stored (:func:`check_storable_id`).
         """
+        check_storable_id(session_id)
 
         def read(connection: _Connection) -> _T:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
