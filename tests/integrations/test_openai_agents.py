@@ -574,6 +574,10 @@ async def test_a_postgresql_store_keeps_the_turn_too(tmp_path: Path, postgres_ds
         agent = payment_agent(PaymentModel(), payment_tool(tmp_path / "ledger"))
         await Runner.run(agent, PROMPT, session=session, hooks=session.hooks)
         live = list(session.log.events)
-    stored = await open_store(postgres_dsn).inspect(SESSION)
+    reader = open_store(postgres_dsn)
+    try:
+        stored = await reader.inspect(SESSION)
+    finally:
+        await reader.aclose()  # its connections, before the pool is collected
     assert types(live) == TURN_TYPES
     assert list(stored.events) == live

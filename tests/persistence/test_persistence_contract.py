@@ -383,7 +383,9 @@ async def test_the_window_writes_in_the_background_while_events_keep_coming(kit:
             while backend.durable_count("window") == 0:
                 session.append("assistant/chunk", {"n": session.seq})
                 await anyio.sleep(0.001)
-        assert session.seq > backend.durable_count("window") > 0
+        # Written with no flush while events kept arriving; the last ones may have arrived
+        # during the write, or not, as the machine's speed decides.
+        assert session.seq >= backend.durable_count("window") > 0
         assert len(kit.stored("window")) == backend.durable_count("window")
 
 
