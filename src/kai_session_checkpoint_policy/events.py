@@ -390,6 +390,23 @@ class SessionEvent:
         crash repair writes them (every other writer puts ``sourceEventSeqs`` first)."""
         return self._envelope is not None and self._envelope[3]
 
+    def copy(self) -> SessionEvent:
+        """An equal event whose data is decoded anew from its encoding when first read: a
+        copy a reader may change without changing this event."""
+        encoded = self.data_json
+        if encoded is None:
+            encoded = _encode(self.data)
+        return SessionEvent.stored(
+            self.type,
+            self.seq,
+            self.time,
+            encoded.encode("utf-8", "surrogatepass"),
+            self.surface_op,
+            self.source_event_seqs,
+            self.ignorable,
+            self.surface_op_first,
+        )
+
     def replace(self, **changes: Any) -> SessionEvent:
         """A copy with *changes* (any of the constructor's arguments), as ``dataclasses.replace``.
 

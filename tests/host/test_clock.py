@@ -33,6 +33,8 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
 )
 
+from ..support import figures
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -61,8 +63,9 @@ def new_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], 
 
 @pytest.mark.parametrize("clock", sorted(CLOCKS))
 async def test_a_turn_with_a_clock_no_log_can_hold_pays_nothing_and_stores_nothing(
-    clock: str, new_backend: Callable[[], Store], tmp_path: Path
+    clock: str, new_backend: Callable[[], Store], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    figures.add(request, clock_cases=1, clock_violations=1)  # taken back below if all holds
     ledger = tmp_path / "ledger.jsonl"
     plugins = [new_backend(), policy, invariant]
     async with Host(plugins, clock=CLOCKS[clock]) as host:  # type: ignore[arg-type]
@@ -77,22 +80,26 @@ async def test_a_turn_with_a_clock_no_log_can_hold_pays_nothing_and_stores_nothi
     with pytest.raises(SessionNotFoundError):
         await reader.inspect("clock")
     await reader.aclose()
+    figures.add(request, clock_violations=-1)
 
 
 @pytest.mark.parametrize("time", [MAX_TIME + 1, -1, 1.5])
 async def test_every_backend_refuses_a_batch_holding_a_time_no_log_can_hold(
-    time: object, new_backend: Callable[[], Store]
+    time: object, new_backend: Callable[[], Store], request: pytest.FixtureRequest
 ) -> None:
+    figures.add(request, clock_cases=1, clock_violations=1)  # taken back below if all holds
     backend = new_backend()
     event = SessionEvent("turn/start", 0, time, {"turn": 1})  # type: ignore[arg-type]
     with pytest.raises(EventTimeError, match=r"refusing to write seq 0: the time "):
         await backend.write_log("written", [event])
     assert not backend.session_exists("written")
     await backend.aclose()
+    figures.add(request, clock_violations=-1)
 
 
+@pytest.mark.parametrize("store", ["jsonl", "postgres"])
 def test_the_command_line_fails_in_one_line_when_the_clock_jumps_past_the_year_9999(
-    tmp_path: Path,
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     script = (
         "import sys, time\n"
@@ -100,8 +107,11 @@ def test_the_command_line_fails_in_one_line_when_the_clock_jumps_past_the_year_9
         "from kai_session_checkpoint_policy.cli import main\n"
         "raise SystemExit(main(sys.argv[1:]))\n"
     )
-    root, ledger = tmp_path / "sessions", tmp_path / "ledger.jsonl"
-    command = ["agent", "--root", str(root), "--session", "s", "--ledger", str(ledger)]
+    ledger = tmp_path / "ledger.jsonl"
+    root = str(tmp_path / "sessions")
+    if store == "postgres":
+        root = request.getfixturevalue("postgres_dsn")
+    command = ["agent", "--root", root, "--session", "s", "--ledger", str(ledger)]
     done = subprocess.run(
         [sys.executable, "-c", script, *command],
         capture_output=True,

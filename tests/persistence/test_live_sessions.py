@@ -134,3 +134,16 @@ async def test_a_backend_disposed_on_an_open_host_writes_and_releases_for_the_ne
         await host.sessions.flush(session)  # no lock left behind, no seq out of step
     stored = await JsonlSessionPersistence(tmp_path).inspect("s")
     assert [event.seq for event in stored.events] == [0, 1, 2, 3]
+
+
+async def test_a_loaded_live_session_is_a_copy_its_reader_may_change(tmp_path: Path) -> None:
+    backend = JsonlSessionPersistence(tmp_path, batch_window=HOUR, compression="none")
+    async with Host([backend]) as host:
+        session = host.sessions.create("s")
+        append_turn(session, 1)
+        loaded = await backend.load("s")
+        assert list(loaded.events) == list(session.events)
+        loaded.events[0].data["turn"] = 99  # the reader's own copy
+        assert session.events[0].data == {"turn": 1}
+        await host.sessions.flush(session)
+    assert (await backend.inspect("s")).events[0].data == {"turn": 1}

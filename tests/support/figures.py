@@ -46,6 +46,10 @@ class Figures:
     """The most descriptors the long-running host had open at once."""
     long_run_rss_growth_kib: int = 0
     """How much its resident memory grew after the warm-up."""
+    clock_cases: int = 0
+    """Turns run, and batches written, with a time no log can hold."""
+    clock_violations: int = 0
+    """Of those, the ones acknowledged or stored all the same (a test fails on any)."""
     burst_sessions: int = 0
     """Live sessions that checkpointed at once, twice, under a low limit on open files."""
     burst_flushes_failed: int = 0
@@ -80,6 +84,11 @@ class Figures:
                 f"long run: {self.long_run_sessions} sessions one after another, at most "
                 f"{self.long_run_peak_descriptors} descriptors open, resident memory "
                 f"+{self.long_run_rss_growth_kib} KiB after the warm-up"
+            )
+        if self.clock_cases:
+            terminalreporter.write_line(
+                f"clocks: {self.clock_cases} turns and batches with a time no log can hold, "
+                f"{self.clock_violations} acknowledged or stored"
             )
         if self.burst_sessions:
             terminalreporter.write_line(

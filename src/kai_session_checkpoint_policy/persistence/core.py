@@ -570,8 +570,11 @@ class WriteBehind(ABC, Generic[H]):
             if self._writers.get(session_id) is writer:  # still live here
                 log = writer.log
                 if log is not None:
+                    # Copies: a reader changing what it loaded changes neither the live
+                    # session nor what it will write.
                     header = SessionHeader(session_id, events[0].time)
-                    return StoredLog(header, tuple(events), (), 0, self._location(log))
+                    loaded = tuple(event.copy() for event in events)
+                    return StoredLog(header, loaded, (), 0, self._location(log))
                 # Live, and nothing written here yet: its log is what is stored, and a log
                 # under a live session is never repaired (the session goes on from it).
                 stored = await self.inspect(session_id)
