@@ -275,5 +275,38 @@ async def test_a_failed_background_batch_is_written_again_in_the_next_window(
                 await anyio.lowlevel.checkpoint()  # no flush: only the windows write
         assert files.fail == {"fsync": 0}
     assert [record.getMessage() for record in caplog.records] == [
-        "background write of session 'retried' failed; the batch stays queued for the next window"
+        "background write of session 'retried' failed; the batch stays queued, and is tried "
+        "again in 0.02 s, then less and less often",
+        "session 'retried' written again after 1 failed background writes",
     ]
+
+
+def on_a_virtual_clock() -> object:
+    """trio on a clock that jumps to the next deadline once every task has waited a moment (a
+    worker thread's write counts as waiting: a jump during one only makes fewer tries)."""
+    from trio.testing import MockClock
+
+    return ("trio", {"clock": MockClock(autojump_threshold=0.05)})
+
+
+@pytest.mark.parametrize("anyio_backend", [on_a_virtual_clock()], ids=["trio-virtual-clock"])
+async def test_a_write_that_keeps_failing_is_tried_less_and_less_often(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A minute of a disk that refuses every write: at a window of 10 ms, the batch is tried a
+    dozen times, not six thousand, and the failure is logged once."""
+    files = FailingFiles()
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, files=files)
+    async with Host([backend]) as host:
+        session = host.sessions.create("failing")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        files.fail["write"] = 10**9
+        session.append("step/start", {"turn": 1, "step": 1})  # opens a window; nothing else
+        await anyio.sleep(60)  # on the virtual clock: windows expire as fast as they can
+        tries = 10**9 - files.fail["write"]
+        files.fail["write"] = 0
+    # 20 ms, 40 ms, ... 30 s: 12 tries in a minute at most (without the backoff, 6,000).
+    assert 2 <= tries <= 13, tries
+    errors = [record.getMessage() for record in caplog.records if record.levelname == "ERROR"]
+    assert len(errors) == 1, errors  # the first failure; the retries are not logged again

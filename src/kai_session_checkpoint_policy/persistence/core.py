@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
+    "MAX_RETRY_DELAY",
     "BatchWindow",
     "LogHandle",
     "PersistenceStatistics",
@@ -66,6 +67,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_WINDOW: Final = 0.2
 """Seconds an admitted event may wait before a background batch writes it."""
+MAX_RETRY_DELAY: Final = 30.0
+"""The most seconds a failed background write waits before it is tried again."""
 
 
 class LogHandle(Protocol):
@@ -106,9 +109,10 @@ class BatchWindow:
     task per session serves its windows one after another.
     """
 
-    __slots__ = ("deadline", "is_open", "number", "timer")
+    __slots__ = ("deadline", "failures", "is_open", "number", "timer")
 
     def __init__(self) -> None:
+        self.failures = 0  # background writes failed in a row
         self.number = 0  # counts windows, so the timer can tell whether its window is still open
         self.is_open = False
         self.deadline = 0.0  # when the open window expires
@@ -381,15 +385,16 @@ class WriteBehind(ABC, Generic[H]):
         if writer.window.timer is not None:
             writer.window.timer.cancel()  # its task holds the writer, and the writer the session
 
-    def _open_window(self, writer: Writer[H]) -> None:
-        """Open a window for *writer*'s queue, started now; a timer task writes it at its end.
+    def _open_window(self, writer: Writer[H], seconds: float | None = None) -> None:
+        """Open a window for *writer*'s queue, started now and lasting *seconds* (the batch
+        window by default); a timer task writes it at its end.
 
         Nothing opens once the backend is closing (or before a host opened it).
         """
         if self._task_group is None:
             return
         window = writer.window
-        window.open(self.batch_window)
+        window.open(self.batch_window if seconds is None else seconds)
         if window.timer is None:
             window.timer = anyio.CancelScope()
             self._task_group.start_soon(self._window_timer, writer, window.timer)
@@ -472,16 +477,29 @@ class WriteBehind(ABC, Generic[H]):
                 window.timer = None
 
     async def _write_in_background(self, writer: Writer[H]) -> None:
+        """Write the window's batch; after a failure, try again later and later.
+
+        The first failure is logged with its traceback; the retries wait twice as long each
+        time, up to :data:`MAX_RETRY_DELAY`, and are logged once more only when one succeeds
+        (a flush still tries at once, and fails closed, in the meantime).
+        """
         try:
             with anyio.CancelScope(shield=True):
                 await self._write_pending(writer, inline=False)
         except Exception:
-            logger.exception(
-                "background write of session %r failed; %s",
-                writer.session_id,
-                "the batch stays queued for the next window",
+            window = writer.window
+            window.failures += 1
+            delay = min(
+                self.batch_window * 2**window.failures, max(MAX_RETRY_DELAY, self.batch_window)
             )
-            self._open_window(writer)
+            if window.failures == 1:
+                logger.exception(
+                    "background write of session %r failed; the batch stays queued, and is "
+                    "tried again in %.3g s, then less and less often",
+                    writer.session_id,
+                    delay,
+                )
+            self._open_window(writer, delay)
 
     async def _write_pending(self, writer: Writer[H], *, inline: bool) -> None:
         """Write the whole queue as one batch, *inline* on this thread or in a worker thread.
@@ -511,6 +529,13 @@ class WriteBehind(ABC, Generic[H]):
         finally:
             if written:
                 self._batches += 1
+                if writer.window.failures:
+                    logger.warning(
+                        "session %r written again after %d failed background writes",
+                        writer.session_id,
+                        writer.window.failures,
+                    )
+                    writer.window.failures = 0
             else:
                 writer.pending[:0] = batch
             self._after_write(writer)
