@@ -147,3 +147,36 @@ async def test_a_loaded_live_session_is_a_copy_its_reader_may_change(tmp_path: P
         assert session.events[0].data == {"turn": 1}
         await host.sessions.flush(session)
     assert (await backend.inspect("s")).events[0].data == {"turn": 1}
+
+
+class GatedHeads(OsFiles):
+    """Files whose header reads wait for the test's word in their thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
+        self.entered.set()
+        assert self.go.wait(timeout=60), "the test never let the read go on"
+        return super().read_head(path, limit)
+
+
+async def test_a_listing_cancelled_while_it_reads_returns_nothing(tmp_path: Path) -> None:
+    write_log(tmp_path, "s", log_bytes("s", events(*TURN)))
+    files = GatedHeads()
+    backend = JsonlSessionPersistence(tmp_path, files=files)
+    returned: list[object] = []
+    async with anyio.create_task_group() as group:
+        scope = anyio.CancelScope()
+
+        async def list_them() -> None:
+            with scope:
+                returned.append(await backend.list_sessions())
+
+        group.start_soon(list_them)
+        await anyio.to_thread.run_sync(files.entered.wait)
+        scope.cancel()
+        files.go.set()
+    assert (returned, scope.cancelled_caught) == ([], True)

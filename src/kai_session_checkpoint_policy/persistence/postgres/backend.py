@@ -47,6 +47,7 @@ import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from ...cancellation import checkpoint_if_cancelled
 from ...events import StoredEvents
 from ..core import DEFAULT_BATCH_WINDOW, WriteBehind
 from ..errors import (
@@ -417,6 +418,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
     async def scan_sessions(self) -> SessionListing:
         """The headers of the stored sessions; a database has no session it cannot list."""
         headers = await run_in_worker(lambda: self.store.list_sessions())
+        await checkpoint_if_cancelled()  # a listing cancelled meanwhile returns nothing
         return SessionListing(tuple(headers), ())
 
     async def inspect(self, session_id: str) -> StoredLog:
@@ -425,7 +427,9 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         :raises SessionNotFoundError: if the database holds no log for *session_id*.
         :raises CorruptRecordError: if a stored event cannot be read.
         """
-        return await run_in_worker(partial(self._inspect, session_id))
+        log = await run_in_worker(partial(self._inspect, session_id))
+        await checkpoint_if_cancelled()
+        return log
 
     async def load(self, session_id: str) -> StoredLog:
         """Read a log with recovery, under the session's lease; the repair is durable.
