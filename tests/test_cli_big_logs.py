@@ -197,3 +197,29 @@ def test_no_progress_when_standard_error_is_not_a_terminal(two_turns: Path) -> N
         check=True,
     )
     assert completed.stderr == b""
+
+
+@pytest.mark.parametrize(
+    ("ending", "expected"),
+    [
+        ("closed", "every turn is closed"),
+        ("open", "turn 2 is open (2 events)"),
+        ("recovered", "every turn is closed"),
+        ("empty", "every turn is closed"),
+    ],
+)
+def test_a_summary_tells_an_open_turn_from_a_closed_one_in_every_end_state(
+    ending: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logged = {
+        "closed": events(*COMPLETE_TURN),
+        "open": events(*COMPLETE_TURN, *OPEN_TURN[:2]),
+        "recovered": events(*COMPLETE_TURN, *OPEN_TURN[:2]),
+        "empty": [],
+    }[ending]
+    write_log(tmp_path, "s", log_bytes("s", logged))
+    if ending == "recovered":
+        assert run(capsys, "recover", tmp_path, "s")[0] == 0
+    status, out, err = run(capsys, "inspect", tmp_path, "s", "--summary")
+    assert (status, err) == (0, "")
+    assert expected in out.splitlines()

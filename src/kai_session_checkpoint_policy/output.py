@@ -301,7 +301,9 @@ def summarize(
     for event in stored:
         by_type[event.type] = by_type.get(event.type, 0) + 1
     turns = turn_of_each(stored)
-    open_turn = turns[-1] if turns else None
+    # The last event's turn is open unless that event ends it (turn_of_each gives a turn/end
+    # the turn it closes).
+    open_turn = turns[-1] if turns and stored[-1].type != "turn/end" else None
     open_events = 0
     if open_turn is not None:
         while open_events < len(turns) and turns[-1 - open_events] == open_turn:
