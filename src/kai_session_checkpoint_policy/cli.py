@@ -424,8 +424,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_options(agent)
     agent.set_defaults(run=_agent)
 
-    listing = commands.add_parser("list", help="the sessions under ROOT")
-    listing.add_argument("root", metavar="ROOT")
+    listing = commands.add_parser(
+        "list",
+        help="the sessions under ROOT",
+        description=(
+            "the sessions stored under ROOT (a directory, or a postgresql:// URI), oldest "
+            "first: each id, when it was created, and, in a directory, its log relative to "
+            "ROOT. A session whose log cannot be read gets one line on standard error, and "
+            "the command then exits with status 2. Nothing is written."
+        ),
+    )
+    listing.add_argument("root", metavar="ROOT", help="a directory or a postgresql:// URI")
     listing.add_argument(
         "--json", action="store_true", help="one object per session: id, createdAt, version"
     )
