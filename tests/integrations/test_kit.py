@@ -5,8 +5,9 @@ a :data:`~kai_session_checkpoint_policy.conformance.TurnFactory`: its ``run_turn
 session in the kit's store with the kit's backend options and its scripted turn as one more
 plugin, and runs one turn through the real framework, as a user of the integration would. The
 framework's model is driven by ``script.stream()``, and the tool's body is
-``script.run_tool(call_id)``. A variant of the Pydantic AI capability that runs tool bodies
-without its tool checkpoint shows that the kit fails an integration that breaks a rule.
+``script.run_tool(call_id)``. A variant of each integration with its tool checkpoint left out
+(the Pydantic AI capability's ``wrap_tool_execute``, the SDK hooks' ``on_tool_start``) shows
+that the kit fails an integration that breaks a rule, and names it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from typing import TYPE_CHECKING, Any, Final
 import pytest
 from agents import Agent as SdkAgent
 from agents import ModelResponse as SdkResponse
-from agents import ModelSettings, Runner, Usage, function_tool, set_tracing_disabled
+from agents import (
+    ModelSettings,
+    RunContextWrapper,
+    RunHooks,
+    Runner,
+    Usage,
+    function_tool,
+    set_tracing_disabled,
+)
 from agents.models.interface import Model, ModelTracing
 from agents.tool_context import ToolContext
 from openai.types.responses import (
@@ -37,7 +46,10 @@ from kai_session_checkpoint_policy.conformance import (
     check_turn,
 )
 from kai_session_checkpoint_policy.contract import BlockEnd
-from kai_session_checkpoint_policy.integrations.openai_agents import CheckpointSession
+from kai_session_checkpoint_policy.integrations.openai_agents import (
+    CheckpointHooks,
+    CheckpointSession,
+)
 from kai_session_checkpoint_policy.integrations.pydantic_ai import (
     SessionCheckpoints,
     open_session,
@@ -265,9 +277,14 @@ class KitModel(Model):
 class OpenAIAgentsUnderTest:
     """One turn of the SDK's ``Runner``, in a :class:`CheckpointSession` on the kit's store."""
 
-    def __init__(self, plugins: TurnPlugins) -> None:
+    def __init__(
+        self,
+        plugins: TurnPlugins,
+        hooks: Callable[[CheckpointSession], RunHooks[Any]] = lambda session: session.hooks,
+    ) -> None:
         the_policy(plugins)
         self.plugins = plugins
+        self.hooks = hooks
 
     async def run_turn(self, session_id: str, prompt: str, script: ScriptedTurn) -> object:
         async def pay(ctx: ToolContext[Any], invoice: int) -> str:
@@ -285,7 +302,7 @@ class OpenAIAgentsUnderTest:
             batch_window=backend.batch_window,
             plugins=[self.plugins.script],
         ) as session:
-            result = await Runner.run(agent, prompt, session=session, hooks=session.hooks)
+            result = await Runner.run(agent, prompt, session=session, hooks=self.hooks(session))
         return result.final_output
 
 
@@ -298,3 +315,48 @@ async def test_the_openai_agents_integration_passes_the_kit(tmp_path: Path) -> N
     script = await check_turn(openai_agents_host, tmp_path / "sessions")
     assert (script.requests, script.steps, script.bodies) == (2, 2, ["c1", "c2"])
     assert script.violations == []
+
+
+class UncheckpointedToolHooks(CheckpointHooks):
+    """The session's run hooks with the tool checkpoint left out: ``on_tool_start`` neither
+    records the call nor runs ``tools_execute``."""
+
+    async def on_tool_start(
+        self, context: RunContextWrapper[Any], agent: SdkAgent[Any], tool: Tool
+    ) -> None:
+        pass
+
+
+@asynccontextmanager
+async def uncheckpointed_agents_host(
+    plugins: TurnPlugins,
+) -> AsyncIterator[OpenAIAgentsUnderTest]:
+    yield OpenAIAgentsUnderTest(plugins, UncheckpointedToolHooks)
+
+
+async def test_the_kit_fails_agents_sdk_hooks_without_the_tool_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ConformanceError) as caught:
+        await check_turn(uncheckpointed_agents_host, tmp_path / "sessions")
+    error = caught.value
+    assert error.rules[0] == "hooks"
+    assert set(error.rules) == {
+        "hooks",
+        "tool-call",
+        "outcome-unknown",
+        "durable-log",
+        "step-results",
+    }
+    messages = [violation.message for violation in error.violations]
+    for call_id in ScriptedTurn.calls:
+        assert (
+            f"the tool/call of call {call_id!r} was not durable when the tool body started: it "
+            "had not been appended (or not announced with session_event) by then; the host must "
+            "append it, and announce the append, before tools_execute"
+        ) in messages
+        assert any(
+            message.startswith(
+                f"the tool/result of call {call_id!r} was not durable when the agent_pre_step "
+                "hook let step 2 begin"
+            )
+            for message in messages
+        )
