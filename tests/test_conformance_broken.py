@@ -1,7 +1,8 @@
 """The conformance kit fails a host that breaks the guarantee, and names the rule it breaks.
 
 Each broken host is the host of ``third_party_host.py`` with one thing done wrong; the kit
-drives one turn through it and fails it, the rule it breaks named first.
+drives one turn through it and fails it, the rule it breaks named first. One more variant does a
+thing differently but right (its tool calls run at once), and passes.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
 
 from kai_session_checkpoint_policy import eventdata
@@ -102,6 +104,29 @@ class StreamOnlyHost(MiniHost):
         return blocks
 
 
+class ParallelToolsHost(MiniHost):
+    """Runs the tool calls of a response at once, each checkpointed on its own (not broken)."""
+
+    def __init__(self, plugins: Sequence[object] = ()) -> None:
+        super().__init__(plugins)
+        self.pending: list[JSONObject] = []  # the calls of the last response, not yet started
+
+    async def request(
+        self, session: Conversation, turn: int, step: int, text: str
+    ) -> list[JSONObject]:
+        blocks = await super().request(session, turn, step, text)
+        self.pending = [block for block in blocks if block["type"] == "tool-call"]
+        return blocks
+
+    async def call_tool(
+        self, session: Conversation, turn: int, step: int, call: JSONObject
+    ) -> None:
+        calls, self.pending = self.pending, []  # the first call starts them all
+        async with anyio.create_task_group() as group:
+            for each in calls:
+                group.start_soon(super().call_tool, session, turn, step, each)
+
+
 def writing_a_host() -> str:
     return (Path(__file__).resolve().parent.parent / "docs" / "writing-a-host.md").read_text()
 
@@ -119,6 +144,15 @@ async def test_the_host_that_follows_the_recipe_passes(tmp_path: Path) -> None:
     types = [event.type for event in script.announced]
     assert types[:4] == ["turn/start", "step/start", "user/message", "assistant/chunk"]
     assert types[-2:] == ["step/end", "turn/end"]
+
+
+async def test_a_host_that_runs_its_calls_at_once_passes(tmp_path: Path) -> None:
+    """A sibling's ``tool/result``, appended while the kit reads the store at a tool body's
+    start, is not due at that body."""
+    script = await check_turn(factory_of(ParallelToolsHost), tmp_path)
+    assert sorted(script.bodies) == ["c1", "c2"]
+    results = [event for event in script.announced if event.type == "tool/result"]
+    assert len(results) == 2
 
 
 async def test_a_tool_call_recorded_after_the_body_fails_the_tool_call_rule(

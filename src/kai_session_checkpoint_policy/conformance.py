@@ -29,6 +29,11 @@ would answer the call ``TOOL_OUTCOME_UNKNOWN``. After the host has closed, the s
 hold every event the host announced, with its turn closed. A broken rule raises
 :class:`ConformanceError`, whose first line names it.
 
+:func:`check_turn` also runs on its own, with a :data:`TurnFactory`: a host that needs no
+more than :class:`TurnHost`. That fits a framework integration, which opens its backend, its
+policy and a session for each run itself: its factory takes the :class:`TurnPlugins` by name,
+and its ``run_turn`` opens the session in the kit's store, as a user of the integration would.
+
 **The hooks** (the other tests of :class:`HostConformance`). The kit calls the boundary hooks
 through the host's plugin manager, with a recording stand-in backend and innermost
 implementations that record when they run, and checks what the policy does: requests without
@@ -45,7 +50,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeAlias
 
 import anyio
 import pytest
@@ -68,6 +73,7 @@ if TYPE_CHECKING:
     )
     from contextlib import AbstractAsyncContextManager
     from pathlib import Path
+    from types import ModuleType
 
     import pluggy
 
@@ -82,7 +88,7 @@ if TYPE_CHECKING:
     )
     from .events import SessionEvent
     from .hookspecs import PreStepThunk, StreamThunk, ToolThunk
-    from .persistence import StoredLog
+    from .persistence import JsonlSessionPersistence, StoredLog
     from .results import ToolResult
 
 __all__ = [
@@ -93,12 +99,35 @@ __all__ = [
     "HostFactory",
     "HostUnderTest",
     "ScriptedTurn",
+    "TurnFactory",
+    "TurnHost",
+    "TurnPlugins",
     "Violation",
     "check_turn",
 ]
 
 
-class HostUnderTest(Protocol):
+class TurnHost(Protocol):
+    """What :func:`check_turn` needs of an open host: how to run one turn of its agent."""
+
+    async def run_turn(self, session_id: str, prompt: str, script: ScriptedTurn) -> object:
+        """Run one turn of the host's agent in the session *session_id*.
+
+        The user says *prompt*. The model is ``script.stream()``: each call returns the chunks
+        of one response. The one tool is named ``script.tool_name``; its body is ``await
+        script.run_tool(call_id)``, whose text is the call's result. Both are reached the way
+        the host reaches its own, through the ``llm_stream`` and ``tools_execute`` hooks.
+        What the turn returns is not checked; an exception it raises is a broken rule.
+
+        A host with ``live_session`` (a :class:`HostUnderTest`) runs the turn in the live
+        session the kit created with it. A host that opens a session for each run itself (a
+        framework integration) has no ``live_session``: the turn opens the new session
+        *session_id* in the kit's store, with the plugins of :class:`TurnPlugins`.
+        """
+        ...
+
+
+class HostUnderTest(TurnHost, Protocol):
     """An open host, and how the kit runs a turn and gets the host's own objects."""
 
     @property
@@ -113,17 +142,6 @@ class HostUnderTest(Protocol):
 
     def live_session(self, session_id: str) -> SessionLike:
         """A new live session of the host."""
-        ...
-
-    async def run_turn(self, session_id: str, prompt: str, script: ScriptedTurn) -> object:
-        """Run one turn of the host's agent in the live session *session_id*.
-
-        The user says *prompt*. The model is ``script.stream()``: each call returns the chunks
-        of one response. The one tool is named ``script.tool_name``; its body is ``await
-        script.run_tool(call_id)``, whose text is the call's result. Both are reached the way
-        the host reaches its own, through the ``llm_stream`` and ``tools_execute`` hooks.
-        What the turn returns is not checked; an exception it raises is a broken rule.
-        """
         ...
 
     def model_request(self, session_id: str | None) -> ModelRequestLike:
@@ -150,6 +168,26 @@ class HostUnderTest(Protocol):
 
 HostFactory: TypeAlias = "Callable[[Sequence[object]], AbstractAsyncContextManager[HostUnderTest]]"
 """Opens a host with exactly the given plugins (besides its own innermost implementations)."""
+
+
+class TurnPlugins(NamedTuple):
+    """The plugins :func:`check_turn` opens the host with, in the order to register them.
+
+    A sequence, which a :data:`HostFactory` registers as it is. A host that opens its own
+    backend from a store and registers the policy itself (a framework integration) takes them
+    by name instead: it opens its backend on ``backend`` (a JSONL backend whose batch window
+    holds every event until a flush asks for it), or in ``backend.root`` with
+    ``backend.batch_window`` if it takes a directory only; it registers the policy as it always
+    does, which must be ``policy``; and it registers ``script`` as one more plugin.
+    """
+
+    backend: JsonlSessionPersistence
+    policy: ModuleType
+    script: ScriptedTurn
+
+
+TurnFactory: TypeAlias = "Callable[[TurnPlugins], AbstractAsyncContextManager[TurnHost]]"
+"""Opens a host with the plugins of :func:`check_turn`; every :data:`HostFactory` is one."""
 
 
 # -------------------------------------------------------------------------------------------
@@ -333,10 +371,11 @@ class ScriptedTurn:
 
     async def _at_step(self, step: int) -> None:
         moment = f"the agent_pre_step hook let step {step} begin"
+        before = len(self.announced)  # what a concurrent task announces meanwhile is not due
         stored = await self._read()
         if step > 1:
             self._results_durable(stored, moment)
-        self._log_durable(stored, moment)
+        self._log_durable(stored, moment, before)
 
     async def _at_request(self, request: int) -> None:
         moment = f"the model adapter's stream was pulled (model request {request})"
@@ -359,6 +398,7 @@ class ScriptedTurn:
                 f"session_event hook before {moment}: a backend writes only the appends it "
                 "hears of",
             )
+        before = len(self.announced)  # what a concurrent task announces meanwhile is not due
         stored = await self._read()
         if request == 1:
             if not _find(stored, self._is_prompt):
@@ -369,7 +409,7 @@ class ScriptedTurn:
                 )
         else:
             self._results_durable(stored, moment)
-        self._log_durable(stored, moment)
+        self._log_durable(stored, moment, before)
 
     async def _at_body(self, call_id: str) -> None:
         moment = f"the tool body of call {call_id!r} started"
@@ -383,6 +423,7 @@ class ScriptedTurn:
             self._broken("turn", f"a tool body ran for call {call_id!r}, which nobody asked for")
         elif self.bodies.count(call_id) > 1:
             self._broken("turn", f"the tool body of call {call_id!r} ran twice")
+        before = len(self.announced)  # what a concurrent task announces meanwhile is not due
         stored = await self._read()
 
         def is_call(event: SessionEvent) -> bool:
@@ -403,7 +444,7 @@ class ScriptedTurn:
                 "turn/start, the assistant/message that asks for the call and the call's "
                 "tool/call, in the shapes eventdata builds",
             )
-        self._log_durable(stored, moment)
+        self._log_durable(stored, moment, before)
 
     def _results_durable(self, stored: StoredLog | None, moment: str) -> None:
         for call_id in dict.fromkeys(self.bodies):
@@ -415,9 +456,10 @@ class ScriptedTurn:
                     f"{self._why(answers, 'the next step')}",
                 )
 
-    def _log_durable(self, stored: StoredLog | None, moment: str) -> None:
+    def _log_durable(self, stored: StoredLog | None, moment: str, before: int) -> None:
+        """Whether the first *before* events announced are among those *stored*."""
         held = 0 if stored is None else len(stored.events)
-        missing = [event for event in self.announced if event.seq >= held]
+        missing = [event for event in self.announced[:before] if event.seq >= held]
         if missing:
             first = missing[0]
             types = ", ".join(dict.fromkeys(event.type for event in missing))
@@ -529,12 +571,14 @@ async def _read(root: str | os.PathLike[str], session_id: str) -> StoredLog | No
 
 
 async def check_turn(
-    factory: HostFactory, root: str | os.PathLike[str], *, session_id: str = "conformance"
+    factory: TurnFactory, root: str | os.PathLike[str], *, session_id: str = "conformance"
 ) -> ScriptedTurn:
     """Run one scripted turn through the host *factory* opens, and check it (see the module).
 
-    The host is opened with a JSONL backend under *root* (a directory of its own), the policy
-    and the :class:`ScriptedTurn`; the turn runs in a new live session *session_id*.
+    The host is opened with the :class:`TurnPlugins`: a JSONL backend under *root* (a
+    directory of its own), the policy and the :class:`ScriptedTurn`. The turn runs in a new
+    session *session_id*: a live session the kit creates first if the host has
+    ``live_session``, else one the turn opens (see :meth:`TurnHost.run_turn`).
 
     :return: The scripted turn, with what it saw.
     :raises ConformanceError: if the host broke a rule, naming it.
@@ -545,8 +589,10 @@ async def check_turn(
     backend = JsonlSessionPersistence(root, batch_window=_WINDOW)
     script = ScriptedTurn(session_id, partial(_read, root, session_id))
     error: Exception | None = None
-    async with factory([backend, policy, script]) as under_test:
-        under_test.live_session(session_id)
+    async with factory(TurnPlugins(backend, policy, script)) as under_test:
+        live_session = getattr(under_test, "live_session", None)
+        if live_session is not None:
+            live_session(session_id)
         try:
             await under_test.run_turn(session_id, _PROMPT, script)
         except Exception as exc:

@@ -125,7 +125,7 @@ class UnrecordedToolCallError(RuntimeError):
 
 @asynccontextmanager
 async def open_session(
-    store: str | os.PathLike[str] | Store, session_id: str
+    store: str | os.PathLike[str] | Store, session_id: str, *, plugins: Iterable[object] = ()
 ) -> AsyncIterator[PydanticAISession]:
     """Open the session *session_id* in *store*, recovered if the store holds it.
 
@@ -133,6 +133,7 @@ async def open_session(
         with :func:`~kai_session_checkpoint_policy.persistence.open_store` (for its options);
         the backend is closed with the session.
     :param session_id: The session's id: a new session if the store has none by this id.
+    :param plugins: More plugins for the host (observers, further persistence participants).
 
     On a clean exit the session is flushed, then released. An exception that ends the block
     leaves the session's admitted events to the backend, which writes what it can as it
@@ -140,9 +141,9 @@ async def open_session(
 
     :raises SessionLockedError: if another process is writing the session.
     """
-    plugins: list[object] = [_backend_of(store), policy, invariant, _Boundaries()]
+    registered = [_backend_of(store), policy, invariant, _Boundaries(), *plugins]
     options = {policy.REQUIRE_OPTION: True}
-    async with Host(plugins, autoload=False, block=_BUILTINS, options=options) as host:
+    async with Host(registered, autoload=False, block=_BUILTINS, options=options) as host:
         session = await host.sessions.open(session_id)
         opened = PydanticAISession(_SessionHost(host, session))
         try:
