@@ -180,3 +180,18 @@ async def test_a_listing_cancelled_while_it_reads_returns_nothing(tmp_path: Path
         scope.cancel()
         files.go.set()
     assert (returned, scope.cancelled_caught) == ([], True)
+
+
+async def test_a_live_session_goes_on_over_the_torn_tail_of_the_log_it_was_seeded_from(
+    tmp_path: Path,
+) -> None:
+    committed = log_bytes("s", events(*TURN))
+    path = write_log(tmp_path, "s", committed + b'{"type":"turn/st')  # a write that never ended
+    backend = JsonlSessionPersistence(tmp_path, batch_window=HOUR, compression="none")
+    async with Host([backend]) as host:
+        session = host.sessions.create("s", seed=(await backend.inspect("s")).events)
+        append_turn(session, 2)
+        await host.sessions.flush(session)  # cuts the torn tail, as recovery would, and goes on
+    assert path.with_name(f"{path.name}.torn-{len(committed)}").read_bytes() == b'{"type":"turn/st'
+    stored = await JsonlSessionPersistence(tmp_path).inspect("s")
+    assert ([event.seq for event in stored.events], stored.torn_bytes) == ([0, 1, 2, 3, 4], 0)

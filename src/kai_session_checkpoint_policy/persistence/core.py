@@ -279,8 +279,11 @@ class WriteBehind(ABC, Generic[H]):
         """Read a stored log and the repair recovery would add, changing nothing."""
 
     @abstractmethod
-    def _ready(self, session_id: str, log: H | None) -> H:
-        """Get the session's handle ready for a write (blocking): its durable count known."""
+    def _ready(self, session_id: str, log: H | None, expected: int) -> H:
+        """Get the session's handle ready for a write (blocking): its durable count known.
+
+        *expected* is how many events the live session holds before the batch to be written.
+        """
 
     @abstractmethod
     def _append(self, log: H, session_id: str, batch: Sequence[SessionEvent]) -> None:
@@ -547,7 +550,7 @@ class WriteBehind(ABC, Generic[H]):
         """
         start = time.perf_counter()
         try:
-            log = writer.log = self._ready(writer.session_id, writer.log)
+            log = writer.log = self._ready(writer.session_id, writer.log, batch[0].seq)
             check_batch(writer.session_id, log.count, batch, self._location(log))
             self._append(log, writer.session_id, batch)
             log.count += len(batch)

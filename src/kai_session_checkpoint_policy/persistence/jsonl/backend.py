@@ -468,13 +468,13 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if room is not None:
             room.set()
 
-    def _ready(self, session_id: str, log: _Log | None) -> _Log:
+    def _ready(self, session_id: str, log: _Log | None, expected: int) -> _Log:
         if log is None:
-            return self._open_for_writing(session_id)
+            return self._open_for_writing(session_id, expected)
         if log.lock_fd is None:
             self._reopen(log, session_id)
         elif log.suspect:
-            self._verify(log, session_id)
+            self._verify(log, session_id, expected)
         return log
 
     def _location(self, log: _Log) -> str:
@@ -515,7 +515,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             raise
         log.size += len(data)
 
-    def _open_for_writing(self, session_id: str) -> _Log:
+    def _open_for_writing(self, session_id: str, expected: int) -> _Log:
         held = self._take_held(session_id)
         if held is not None:  # locked since its recovery: as the recovery left it
             with self._recovered_lock:
@@ -536,7 +536,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         log = _Log(path, self._lock(session_id, path.parent))
         try:
             if found is not None and not self._adopt(log, session_id):
-                self._verify(log, session_id)
+                self._verify(log, session_id, expected)
             elif (other := self._find(session_id)) is not None and other.path != path:
                 raise DuplicateLogError(  # another writer created it meanwhile, elsewhere
                     f"session {session_id!r} already has a log at {other.path}"
@@ -562,12 +562,14 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.files.remove_temporaries(directory)
         return fd
 
-    def _verify(self, log: _Log, session_id: str) -> None:
+    def _verify(self, log: _Log, session_id: str, expected: int) -> None:
         """(Re)open an existing log, check what it holds, and take its size and count.
 
-        A log opened for the first time must end cleanly. A *suspect* log (a write to it
-        failed) must still hold the bytes known durable; anything after them was never
-        acknowledged and is cut off.
+        A log opened for the first time must end cleanly, unless the live session goes on from
+        exactly its committed events (*expected* of them, none salvaged from a torn frame):
+        then its torn tail is a write that never ended, and is cut as recovery cuts it, a copy
+        kept. A *suspect* log (a write to it failed) must still hold the bytes known durable;
+        anything after them was never acknowledged and is cut off.
         """
         if log.fd is not None:
             self.files.close(log.fd)
@@ -581,7 +583,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 )
             data = data[: log.size]
         scan = self._scan_session(data, log.path, session_id)
-        if scan.torn:
+        cut = (
+            bool(scan.torn) and not (log.suspect or scan.salvaged) and len(scan.events) == expected
+        )
+        if scan.torn and not cut:
             raise RecoveryRequiredError(
                 f"{log.path} ends in {len(scan.torn)} bytes that are not complete events; "
                 "load the session with recovery before writing to it"
@@ -591,10 +596,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 f"{log.path} holds {len(scan.events)} events in the {log.size} bytes known "
                 f"durable, where {log.count} were written; another process changed it"
             )
+        if cut:
+            self._keep_torn(log.path, scan.committed_bytes, scan.torn)
         fd = self.files.open_append(log.path)
         try:
-            if log.suspect:
-                self.files.truncate(fd, log.size)
+            if log.suspect or cut:
+                self.files.truncate(fd, log.size if log.suspect else scan.committed_bytes)
                 self.files.fsync(fd)
         except BaseException:
             self.files.close(fd)

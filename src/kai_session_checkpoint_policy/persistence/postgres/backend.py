@@ -280,7 +280,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _ready(self, session_id: str, log: _Lease | None) -> _Lease:
+    def _ready(self, session_id: str, log: _Lease | None, expected: int) -> _Lease:
         if log is None:
             check_storable_id(session_id)  # before the migration: no statement for such an id
             store = self._writable()
