@@ -76,7 +76,6 @@ def test_tail_and_turn_choose_the_events_shown(
     assert seqs("--tail", "2") == [9, 10]
     assert seqs("--turn", "1") == [0, 1, 2, 3, 4, 5]
     assert seqs("--turn", "2", "--tail", "3") == [8, 9, 10]
-    assert seqs("--turn", "3") == []
     assert seqs("--tail", "0") == []
     status, out, _err = run(capsys, "inspect", two_turns, "s", "--tail", "1")
     assert status == 0
@@ -223,3 +222,12 @@ def test_a_summary_tells_an_open_turn_from_a_closed_one_in_every_end_state(
     status, out, err = run(capsys, "inspect", tmp_path, "s", "--summary")
     assert (status, err) == (0, "")
     assert expected in out.splitlines()
+
+
+def test_a_turn_the_log_does_not_hold_is_named_as_missing(
+    two_turns: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for turn in ("3", "9"):
+        status, out, err = run(capsys, "inspect", two_turns, "s", "--turn", turn, "--json")
+        assert (status, out) == (cli.EXIT_BAD_INPUT, "")
+        assert err == f"kai-checkpoint: session s has no turn {turn}: it holds turns 1 to 2\n"

@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 
+from .events import StoredEvents
 from .output import Console, LogView, compact, format_time, print_log, printable
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from .events import SessionEvent
     from .host import ModelAdapter
     from .persistence import Store
 
@@ -151,10 +153,26 @@ async def _show_log(args: argparse.Namespace) -> int:
         read = backend.load if args.recover else backend.inspect
         async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
             log = await read(args.session)
+    if args.turn is not None:
+        numbered = sorted(
+            turn
+            for event in _turn_starts(log.events)
+            if type(turn := event.data.get("turn")) is int
+        )
+        if args.turn not in numbered:
+            held = f"turns {numbered[0]} to {numbered[-1]}" if numbered else "no turn"
+            raise UsageError(f"session {args.session} has no turn {args.turn}: it holds {held}")
     view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
     print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _turn_starts(events: Sequence[SessionEvent]) -> list[SessionEvent]:
+    """The ``turn/start`` events of a log, without making the others (where it can tell)."""
+    if isinstance(events, StoredEvents):
+        return events.select({"turn/start"})
+    return [event for event in events if event.type == "turn/start"]
 
 
 PROGRESS_DELAY_ENV: Final = "KAI_CHECKPOINT_PROGRESS_DELAY"
