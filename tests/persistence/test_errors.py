@@ -24,6 +24,7 @@ from kai_session_checkpoint_policy.persistence import (
     JsonlSessionPersistence,
     LogChangedError,
     MisplacedLogError,
+    OsFiles,
     PersistenceError,
     RecoveryRequiredError,
     SessionLockedError,
@@ -185,3 +186,19 @@ def test_a_backend_must_provide_every_abstract_method() -> None:
 
     with pytest.raises(TypeError, match=r"abstract methods? .*_append"):
         Incomplete()  # type: ignore[abstract]
+
+
+class ReadOnlyFiles(OsFiles):
+    """A file layer for which nothing may be changed, as for another user's log."""
+
+    def writable(self, path: Path) -> bool:
+        return False
+
+
+async def test_a_recovery_that_may_not_change_the_log_leaves_no_lock_file(tmp_path: Path) -> None:
+    path = write_log(tmp_path, "s", log_bytes("s", stored(2)) + b'{"type":"turn/e')
+    before = sorted(item.name for item in path.parent.iterdir())
+    with pytest.raises(PermissionError, match="needs a repair, and this process may not"):
+        await JsonlSessionPersistence(tmp_path, files=ReadOnlyFiles()).load("s")
+    assert sorted(item.name for item in path.parent.iterdir()) == before  # no session.lock
+    assert (await JsonlSessionPersistence(tmp_path).inspect("s")).torn_bytes == 15

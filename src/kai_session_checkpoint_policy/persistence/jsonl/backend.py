@@ -760,6 +760,14 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             if not (scan.torn or repair or scan.salvaged or self._task_group is not None):
                 self._remember(session_id, path, scan.committed_bytes, len(scan.events))
                 return StoredLog(scan.header, scan.events, (), 0, str(path))
+        if held is None and unlocked is not None and not self.files.writable(path):
+            # A change is needed, and could not be made: refuse before the lock file exists.
+            raise PermissionError(
+                errno.EACCES,
+                f"cannot recover session {session_id!r}: its log needs a repair, and this "
+                "process may not change it (inspect shows it)",
+                str(path),
+            )
         log = held or _Log(path, self._lock(session_id, directory))
         kept = False
         try:

@@ -265,6 +265,10 @@ class OsFiles:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def writable(self, path: Path) -> bool:
+        """Whether this process may change the file *path* and the directory that holds it."""
+        return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
     # -- locking ------------------------------------------------------------------------------
 
     def lock(self, path: Path) -> int:
