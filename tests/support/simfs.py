@@ -501,6 +501,9 @@ class SimFiles(OsFiles):
         end = data.find(b"\n")
         return data if end < 0 else data[: end + 1]
 
+    def writable(self, path: Path) -> bool:
+        return True  # the simulated disk has no permissions
+
     def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
         return self.read(path)[:limit]
 
