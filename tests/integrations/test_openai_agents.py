@@ -574,6 +574,10 @@ async def test_a_postgresql_store_keeps_the_turn_too(tmp_path: Path, postgres_ds
         agent = payment_agent(PaymentModel(), payment_tool(tmp_path / "ledger"))
         await Runner.run(agent, PROMPT, session=session, hooks=session.hooks)
         live = list(session.log.events)
-    stored = await open_store(postgres_dsn).inspect(SESSION)
+    backend = open_store(postgres_dsn)
+    try:
+        stored = await backend.inspect(SESSION)
+    finally:
+        await backend.aclose()  # its connection pool, closed here and not by the collector
     assert types(live) == TURN_TYPES
     assert list(stored.events) == live
