@@ -24,6 +24,7 @@ import pytest
 
 from kai_session_checkpoint_policy import TOOL_OUTCOME_UNKNOWN, TextBlock, ToolResult, cli, output
 from kai_session_checkpoint_policy.demo import CALL_ID, MARKERS, PAYMENT, TOOL_NAME
+from kai_session_checkpoint_policy.effects import idempotency_key
 from kai_session_checkpoint_policy.eventdata import tool_result as tool_result_data
 from kai_session_checkpoint_policy.output import Console
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
@@ -108,6 +109,8 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
             "callId": CALL_ID,
             "name": TOOL_NAME,
             "arguments": json.dumps(PAYMENT),  # as the scripted model asked
+            "effect": "side-effecting",
+            "idempotencyKey": idempotency_key("killed-in-tool", CALL_ID),
         }
     ]
     results = [event for event in events if event["type"] == "tool/result"]
@@ -121,7 +124,11 @@ def test_sigkill_inside_the_tool_recovers_as_outcome_unknown(
     assert message["source"] == {"kind": "tool", "callId": CALL_ID}
     (block,) = message["content"]
     assert block["isError"] is True
-    assert "Do not retry blindly." in block["content"][0]["text"]
+    assert "First verify whether the change happened" in block["content"][0]["text"]
+    assert result["data"]["effect"] == {
+        "class": "side-effecting",
+        "idempotencyKey": idempotency_key("killed-in-tool", CALL_ID),
+    }
     assert [event["type"] for event in events[-3:]] == ["tool/result", "step/end", "turn/end"]
     assert events[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
     assert calls[0]["seq"] < result["seq"]
@@ -469,7 +476,7 @@ def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
         assert "the ledger holds 1 payment(s)" in part
     assert "TOOL_OUTCOME_UNKNOWN" in part_2
     assert '"isError": true' in part_2
-    assert "Do not retry blindly." in part_2
+    assert "First verify whether the change happened" in part_2
     assert "TOOL_OUTCOME_UNKNOWN" not in part_3
     assert "The tool call was lost" in part_3 or "happened to write the tool call" in part_3
     assert elapsed < 30

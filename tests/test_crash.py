@@ -16,17 +16,16 @@ import anyio
 import pytest
 
 from kai_session_checkpoint_policy.demo import HangAt
-from kai_session_checkpoint_policy.persistence import (
-    OUTCOME_UNKNOWN_TEXT,
-    JsonlSessionPersistence,
-    SessionNotFoundError,
-)
+from kai_session_checkpoint_policy.effects import idempotency_key
+from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, SessionNotFoundError
+from kai_session_checkpoint_policy.results import outcome_unknown_text
 
 from .support.markers import kill_at_marker, start_agent
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from kai_session_checkpoint_policy.effects import EffectClass
     from kai_session_checkpoint_policy.events import SessionEvent
 
 pytestmark = [
@@ -71,6 +70,11 @@ def test_a_side_effecting_tool_call_is_durable_and_recovers_as_unknown(tmp_path:
     types = [event.type for event in loaded]
     assert types[-5:] == ["assistant/message", "tool/call", "tool/result", "step/end", "turn/end"]
     call, result = loaded[-4], loaded[-3]
+    # The payment tool declares itself side-effecting: verify first, and its key is named.
+    effect: tuple[EffectClass, str] = (
+        "side-effecting",
+        idempotency_key(SESSION, str(call.data["callId"])),
+    )
     assert result.data["error"] == {
         "name": "ToolOutcomeUnknownError",
         "code": "TOOL_OUTCOME_UNKNOWN",
@@ -83,10 +87,12 @@ def test_a_side_effecting_tool_call_is_durable_and_recovers_as_unknown(tmp_path:
             "type": "tool-result",
             "toolCallId": call.data["callId"],
             "isError": True,
-            "content": [{"type": "text", "text": f"Error: {OUTCOME_UNKNOWN_TEXT}"}],
+            "content": [{"type": "text", "text": f"Error: {outcome_unknown_text(*effect)}"}],
         }
     ]
-    assert "Do not retry blindly." in OUTCOME_UNKNOWN_TEXT
+    assert (call.data["effect"], call.data["idempotencyKey"]) == effect
+    assert result.data["effect"] == {"class": effect[0], "idempotencyKey": effect[1]}
+    assert "First verify whether the change happened" in outcome_unknown_text(*effect)
     assert [event.seq for event in loaded] == list(range(len(loaded)))
     assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 1  # the payment did happen
     # Recovery is durable: a second load adds nothing.

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from .effects import EffectClass
     from .events import JSONObject, SessionEvent
 
 __all__ = [
@@ -265,12 +266,16 @@ class ToolSpec:
     """What a model is told of one tool: its name, what it does, and the JSON Schema of its input.
 
     ``parameters`` is a JSON Schema for the tool's arguments, an object schema as model
-    endpoints expect; the default, ``{"type": "object"}``, accepts any object.
+    endpoints expect; the default, ``{"type": "object"}``, accepts any object. ``effect`` is the
+    effect class the tool's calls run under (:mod:`~kai_session_checkpoint_policy.effects`), or
+    ``None`` when nothing trusted declares one: its calls then run under the worst case,
+    ``"open-world"``.
     """
 
     name: str
     description: str = ""
     parameters: JSONObject = field(default_factory=_any_object, hash=False)
+    effect: EffectClass | None = None
 
 
 @dataclass(frozen=True, slots=True)

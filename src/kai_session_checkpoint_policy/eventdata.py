@@ -26,15 +26,23 @@ type                    ``data``
 The message ids (``user-<turn>``, ``assistant-<turn>-<step>``, ``tool-result-<call id>``) and
 the texts a model reads are this package's own; a result made by crash repair is marked as
 such in its id (``interrupted-tool-result-<call id>-<seq>``, as the original names it).
+
+Two fields are this package's own, and optional: ``tool/call`` may record the effect class the
+call ran under (``effect``) and its idempotency key (``idempotencyKey``), and an unknown-outcome
+``tool/result`` the same pair as ``effect: {"class", "idempotencyKey"}``. The original's reader
+passes event data through as it is, so it reads a log that has them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
+from .effects import parse_effect_class
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from .effects import EffectClass
     from .events import JSON, JSONObject
     from .results import ToolResult
 
@@ -138,13 +146,25 @@ class AssistantMessageData(_AssistantMessageData, total=False):
     """The ``usage`` chunk of the response, when it had one."""
 
 
-class ToolCallData(TypedDict):
+class _ToolCallData(TypedDict):
     turn: int
     step: int
     callId: str
     name: str
     arguments: str
     """The raw JSON text the model produced."""
+
+
+class ToolCallData(_ToolCallData, total=False):
+    effect: str
+    """The effect class the call ran under (``"read-only"``...), when the host knows it."""
+    idempotencyKey: str
+    """The key the tool body was handed, when it had one."""
+
+
+# "class" is a Python keyword: only the functional form can name the key.
+EffectData = TypedDict("EffectData", {"class": str, "idempotencyKey": str}, total=False)
+"""The effect of an unknown outcome: the call's class, and its idempotency key if it had one."""
 
 
 class ErrorData(TypedDict):
@@ -175,6 +195,8 @@ class _ToolResultData(TypedDict):
 class ToolResultData(_ToolResultData, total=False):
     error: ErrorData
     """The name and code of the failure, when the result is a known kind of failure."""
+    effect: EffectData
+    """The effect class and key of the call, on an unknown outcome whose class is known."""
 
 
 class TurnEndData(TypedDict):
@@ -239,8 +261,29 @@ def assistant_message(
     return data
 
 
-def tool_call(turn: int, step: int, call_id: str, name: str, arguments: str) -> ToolCallData:
-    return {"turn": turn, "step": step, "callId": call_id, "name": name, "arguments": arguments}
+def tool_call(
+    turn: int,
+    step: int,
+    call_id: str,
+    name: str,
+    arguments: str,
+    *,
+    effect: EffectClass | None = None,
+    idempotency_key: str | None = None,
+) -> ToolCallData:
+    """The data of the ``tool/call`` of *call_id*; *effect* and *idempotency_key* when known."""
+    data: ToolCallData = {
+        "turn": turn,
+        "step": step,
+        "callId": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+    if effect is not None:
+        data["effect"] = effect
+    if idempotency_key is not None:
+        data["idempotencyKey"] = idempotency_key
+    return data
 
 
 def interrupted_result_id(call_id: str, seq: int) -> str:
@@ -273,6 +316,11 @@ def tool_result(
     }
     if result.error is not None and result.error.info is not None:
         data["error"] = {"name": result.error.info.name, "code": result.error.info.code}
+    if result.effect is not None:
+        effect: EffectData = {"class": result.effect.effect}
+        if result.effect.idempotency_key is not None:
+            effect["idempotencyKey"] = result.effect.idempotency_key
+        data["effect"] = effect
     return data
 
 
@@ -290,6 +338,13 @@ def _object(value: object) -> JSONObject:
 def message_of(event_type: str, data: JSONObject) -> JSONObject:
     """The message of a surface event: the data of ``user/message``, else ``data["message"]``."""
     return data if event_type == "user/message" else _object(data.get("message"))
+
+
+def call_effect_of(data: JSONObject) -> tuple[EffectClass | None, str | None]:
+    """The effect class and idempotency key a ``tool/call`` recorded; ``None`` for each it did
+    not (or recorded as something that is not one)."""
+    key = data.get("idempotencyKey")
+    return parse_effect_class(data.get("effect")), key if isinstance(key, str) else None
 
 
 def tool_call_ids(data: JSONObject) -> list[str]:

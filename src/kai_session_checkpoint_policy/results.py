@@ -13,22 +13,39 @@ A tool call ends in exactly one :class:`ToolResult`. Three codes carry meaning a
 The texts the model reads with them are this package's own; the codes and error names are the
 ones every implementation of the protocol uses.
 
-This module imports nothing from the rest of the package, so any host can use it.
+An unknown outcome says what a retry risks when the ``tool/call`` recorded the call's effect
+class (:mod:`~kai_session_checkpoint_policy.effects`): the result carries it, and the call's
+idempotency key, in :attr:`ToolResult.effect`, and its text is the one of that class
+(:data:`OUTCOME_UNKNOWN_TEXTS`). A call recorded without a class (by a host that does not know
+classes, or the original harness) gets the general text, :data:`OUTCOME_UNKNOWN_TEXT`.
+
+This module imports nothing from the rest of the package but the effect classes, so any host
+can use it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+from .effects import IDEMPOTENCY_KEY_ARGUMENT, IDEMPOTENT, OPEN_WORLD, READ_ONLY, SIDE_EFFECTING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .effects import EffectClass
 
 __all__ = [
     "ABORTED",
     "ABORTED_BEFORE_DISPATCH",
     "NOT_STARTED_TEXT",
     "OUTCOME_UNKNOWN_TEXT",
+    "OUTCOME_UNKNOWN_TEXTS",
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",
+    "UNKNOWN_IDEMPOTENCY_KEY",
     "UNKNOWN_TOOL",
+    "EffectInfo",
     "ErrorInfo",
     "TextBlock",
     "ToolError",
@@ -37,6 +54,7 @@ __all__ = [
     "error_result",
     "not_started",
     "outcome_unknown",
+    "outcome_unknown_text",
 ]
 
 ABORTED_BEFORE_DISPATCH: Final = "ABORTED_BEFORE_DISPATCH"
@@ -44,6 +62,8 @@ ABORTED: Final = "ABORTED"
 TOOL_OUTCOME_UNKNOWN: Final = "TOOL_OUTCOME_UNKNOWN"
 TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
 UNKNOWN_TOOL: Final = "UNKNOWN_TOOL"
+UNKNOWN_IDEMPOTENCY_KEY: Final = "UNKNOWN_IDEMPOTENCY_KEY"
+"""A retry named an idempotency key this session never gave that tool; the body did not run."""
 
 OUTCOME_UNKNOWN_TEXT: Final = (
     "the session stopped after this tool call started and before its result was saved, so it "
@@ -51,6 +71,52 @@ OUTCOME_UNKNOWN_TEXT: Final = (
     "idempotent. If it may have had side effects, first verify the external state or ask the "
     "user. Do not retry blindly."
 )
+_STOPPED: Final = (
+    "the session stopped after this tool call started and before its result was saved, so it "
+    "is not known whether the call took effect."
+)
+OUTCOME_UNKNOWN_TEXTS: Final[Mapping[EffectClass, str]] = {
+    READ_ONLY: (
+        "the session stopped after this tool call started and before its result was saved. "
+        "The tool only reads: the call changed nothing, so it may simply be made again."
+    ),
+    IDEMPOTENT: (
+        f"{_STOPPED} The tool is idempotent: a repeat with the same idempotency key has no "
+        "further effect. To retry, call it again with the same arguments and the argument "
+        f'"{IDEMPOTENCY_KEY_ARGUMENT}": "{{key}}".'
+    ),
+    SIDE_EFFECTING: (
+        f"{_STOPPED} The tool changes things, and calling it again may do so twice. First "
+        "verify whether the change happened (look at the state it changes, or ask the user); "
+        "retry only if it did not. This call's idempotency key is {key}: a retry that must "
+        f'be recognized as the same call passes the argument "{IDEMPOTENCY_KEY_ARGUMENT}": '
+        '"{key}".'
+    ),
+    OPEN_WORLD: (
+        f"{_STOPPED} The tool acts outside this agent (other systems, other people), so its "
+        "effect may be somewhere the agent cannot see or check. Do not retry it on your own: "
+        "ask the user, or check with the system it reached. This call's idempotency key is "
+        f'{{key}}; a retry of the same call passes the argument "{IDEMPOTENCY_KEY_ARGUMENT}": '
+        '"{key}".'
+    ),
+}
+"""The text of an unknown outcome for each class; ``{key}`` stands for the call's key."""
+_WITHOUT_KEY: Final[Mapping[EffectClass, str]] = {
+    IDEMPOTENT: (
+        f"{_STOPPED} The tool is idempotent: calling it again with the same arguments has no "
+        "further effect, so it may be retried."
+    ),
+    SIDE_EFFECTING: (
+        f"{_STOPPED} The tool changes things, and calling it again may do so twice. First "
+        "verify whether the change happened (look at the state it changes, or ask the user); "
+        "retry only if it did not."
+    ),
+    OPEN_WORLD: (
+        f"{_STOPPED} The tool acts outside this agent (other systems, other people), so its "
+        "effect may be somewhere the agent cannot see or check. Do not retry it on your own: "
+        "ask the user, or check with the system it reached."
+    ),
+}
 NOT_STARTED_TEXT: Final = (
     "the session stopped before this tool call started, so it had no effect. It may be "
     "retried if it is still needed."
@@ -63,6 +129,14 @@ class TextBlock:
 
     text: str
     type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectInfo:
+    """The effect class a call ran under, and its idempotency key if it had one."""
+
+    effect: EffectClass
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +157,15 @@ class ToolError:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool call produced: model-visible content, and the error if it failed."""
+    """What a tool call produced: model-visible content, and the error if it failed.
+
+    ``effect`` is set on an unknown outcome whose call's effect class is known.
+    """
 
     content: tuple[TextBlock, ...]
     is_error: bool = False
     error: ToolError | None = None
+    effect: EffectInfo | None = None
 
 
 def error_result(message: str, info: ErrorInfo | None = None) -> ToolResult:
@@ -107,10 +185,33 @@ def aborted_before_dispatch() -> ToolResult:
     )
 
 
-def outcome_unknown() -> ToolResult:
-    """Build the result of a call that started and whose outcome was never recorded."""
-    return error_result(
-        OUTCOME_UNKNOWN_TEXT, ErrorInfo(name="ToolOutcomeUnknownError", code=TOOL_OUTCOME_UNKNOWN)
+def outcome_unknown_text(effect: EffectClass | None = None, key: str | None = None) -> str:
+    """The text an unknown outcome of a call of class *effect* with key *key* shows.
+
+    Without a class, the general text. A read-only call's text never names a key.
+    """
+    if effect is None:
+        return OUTCOME_UNKNOWN_TEXT
+    if key is None or effect == READ_ONLY:
+        return _WITHOUT_KEY.get(effect, OUTCOME_UNKNOWN_TEXTS[effect])
+    return OUTCOME_UNKNOWN_TEXTS[effect].replace("{key}", key)
+
+
+def outcome_unknown(effect: EffectClass | None = None, key: str | None = None) -> ToolResult:
+    """Build the result of a call that started and whose outcome was never recorded.
+
+    :param effect: The effect class the call ran under, if known: the result then carries it
+        (with *key*) in its ``effect`` field, and its text says what a retry of that class
+        risks. The code is ``TOOL_OUTCOME_UNKNOWN`` whatever the class.
+    :param key: The call's idempotency key, if it had one.
+    """
+    info = ErrorInfo(name="ToolOutcomeUnknownError", code=TOOL_OUTCOME_UNKNOWN)
+    result = error_result(outcome_unknown_text(effect, key), info)
+    if effect is None:
+        return result
+    recorded_key = None if effect == READ_ONLY else key
+    return ToolResult(
+        result.content, result.is_error, result.error, EffectInfo(effect, recorded_key)
     )
 
 

@@ -25,6 +25,7 @@ from kai_session_checkpoint_policy import (
     hookimpl,
     tool_call_block,
 )
+from kai_session_checkpoint_policy.effects import idempotency_key
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -158,6 +159,8 @@ async def test_one_turn_with_a_tool_call_and_a_final_answer(
         "callId": "call-1",
         "name": "echo",
         "arguments": '{"x": 1}',
+        "effect": "open-world",  # the echo tool declares nothing: the worst case
+        "idempotencyKey": idempotency_key("kai-session", "call-1"),
     }
     (result,) = only(kai_session, "tool/result")
     assert result_text(result) == {

@@ -32,6 +32,7 @@ import anyio
 
 from .. import invariant, policy
 from ..contract import Finish, text_block, tool_call_block
+from ..effects import SIDE_EFFECTING
 from ..eventdata import texts_of
 from ..host import Agent, Host, Tool
 from ..persistence import (
@@ -245,6 +246,7 @@ def make_payment_tool(
         send_payment,
         description="Pay an invoice. Each call moves money: it is not safe to repeat.",
         parameters=PAYMENT_PARAMETERS,
+        effect=SIDE_EFFECTING,
     )
 
 

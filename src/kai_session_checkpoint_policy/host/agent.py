@@ -10,8 +10,17 @@ One turn appends, in order::
     turn/end
 
 Calls to tools marked ``concurrency_safe`` that follow each other run at the same time; results
-are appended in the order the model asked for them. The loop does not flush at the end of a
-turn: a host that reads the log after a turn flushes the session itself.
+are appended in the order the model asked for them.
+
+Each ``tool/call`` records the effect class the call runs under and, for a class other than
+``read-only``, its idempotency key: derived from the session and the call id, unless the
+model's arguments name (as ``idempotency_key``) the key of an earlier call of the same tool in
+this session, a retry, which then runs with that key. The argument is taken out of the
+arguments the body receives; a key this session never gave that tool is refused with an error
+result (``UNKNOWN_IDEMPOTENCY_KEY``), and the body does not run.
+
+The loop does not flush at the end of a turn: a host that reads the log after a turn flushes
+the session itself.
 """
 
 from __future__ import annotations
@@ -37,9 +46,16 @@ from ..contract import (
     ToolCallDelta,
     Usage,
 )
+from ..effects import IDEMPOTENCY_KEY_ARGUMENT, READ_ONLY, idempotency_key
 from ..events import SURFACE_EVENT_TYPES
 from ..hookspecs import hookimpl
-from ..results import aborted_before_dispatch, outcome_unknown
+from ..results import (
+    UNKNOWN_IDEMPOTENCY_KEY,
+    ErrorInfo,
+    aborted_before_dispatch,
+    error_result,
+    outcome_unknown,
+)
 from .signals import AbortController, AbortSignal
 from .tools import ToolExecution, error_message
 
@@ -218,17 +234,43 @@ class Agent:
         self, requested: list[ToolCall], signal: AbortSignal, step_calls: _StepCalls
     ) -> None:
         for batch in self._batches(requested):
-            executions = [
-                step_calls.started(
-                    call,
-                    ToolExecution(
-                        call.id, call.name, _parse_arguments(call.arguments), signal, self
-                    ),
-                )
-                for call in batch
-            ]
-            await self._execute_all(executions, step_calls)
+            executions: list[ToolExecution] = []
+            for call in batch:
+                execution, refusal = self._execution(call, signal)
+                step_calls.started(call, execution)
+                if refusal is None:
+                    executions.append(execution)
+                else:
+                    step_calls.finished(execution, refusal)
+            if executions:
+                await self._execute_all(executions, step_calls)
             step_calls.answer_finished()
+
+    def _execution(
+        self, call: ToolCall, signal: AbortSignal
+    ) -> tuple[ToolExecution, ToolResult | None]:
+        """The execution of *call*, with its class and key; and its refusal, if its key is bad."""
+        effect = self.host.tools.effect_of(call.name)
+        arguments = _parse_arguments(call.arguments)
+        named: object = None
+        if isinstance(arguments, dict) and IDEMPOTENCY_KEY_ARGUMENT in arguments:
+            named = arguments.pop(IDEMPOTENCY_KEY_ARGUMENT)
+        key = None if effect == READ_ONLY else idempotency_key(self.session.id, call.id)
+        refusal = None
+        if named is not None and effect != READ_ONLY:
+            issued = self._known.caught_up(self.session).keys
+            if isinstance(named, str) and issued.get(named) == call.name:
+                key = named
+            else:
+                refusal = error_result(
+                    f"{IDEMPOTENCY_KEY_ARGUMENT} {named!r} is not the key of an earlier call "
+                    f"of {call.name!r} in this session; leave it out for a new call",
+                    ErrorInfo("IdempotencyKeyError", UNKNOWN_IDEMPOTENCY_KEY),
+                )
+        execution = ToolExecution(
+            call.id, call.name, arguments, signal, self, effect=effect, idempotency_key=key
+        )
+        return execution, refusal
 
     def _batches(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
         """Runs of concurrency-safe calls, and every other call alone, in model order."""
@@ -286,7 +328,15 @@ class _StepCalls:
 
     def started(self, call: ToolCall, execution: ToolExecution) -> ToolExecution:
         """Append the ``tool/call`` of *call*, about to be dispatched as *execution*."""
-        data = eventdata.tool_call(self._turn, self._step, call.id, call.name, call.arguments)
+        data = eventdata.tool_call(
+            self._turn,
+            self._step,
+            call.id,
+            call.name,
+            call.arguments,
+            effect=execution.effect,
+            idempotency_key=execution.idempotency_key,
+        )
         self._call_seqs[call.id] = self._session.append("tool/call", data).seq
         self._executions[execution.call_id] = execution
         return execution
@@ -305,8 +355,10 @@ class _StepCalls:
             result = self._results.pop(call_id, None)
             if result is None:
                 execution = self._executions.get(call_id)
-                started = execution is not None and execution.body_started
-                result = outcome_unknown() if started else aborted_before_dispatch()
+                if execution is not None and execution.body_started:
+                    result = outcome_unknown(execution.effect, execution.idempotency_key)
+                else:
+                    result = aborted_before_dispatch()
             self._answer(call_id, result)
 
     def _answer(self, call_id: str, result: ToolResult) -> None:
@@ -393,20 +445,21 @@ class _Response:
         ]
 
 
-_TRACKED: Final = SURFACE_EVENT_TYPES | {"turn/start", "request/header"}
+_TRACKED: Final = SURFACE_EVENT_TYPES | {"turn/start", "request/header", "tool/call"}
 
 
 class _Known:
     """What an agent knows of its session's log, read once: each request is derived from it
     and the events appended since, never from the whole log again."""
 
-    __slots__ = ("has_header", "messages", "seen", "turns")
+    __slots__ = ("has_header", "keys", "messages", "seen", "turns")
 
     def __init__(self) -> None:
         self.seen = 0  # events read so far
         self.turns = 0
         self.has_header = False
         self.messages: list[JSONObject] = []  # what a model sees: the transcript
+        self.keys: dict[str, str] = {}  # every idempotency key a tool/call recorded -> its tool
 
     def caught_up(self, session: Session) -> _Known:
         events = session.events
@@ -415,6 +468,10 @@ class _Known:
                 self.turns += 1
             elif event.type == "request/header":
                 self.has_header = True
+            elif event.type == "tool/call":
+                key, name = event.data.get("idempotencyKey"), event.data.get("name")
+                if isinstance(key, str) and isinstance(name, str):
+                    self.keys.setdefault(key, name)
             else:  # every user, assistant and tool-result message, in order
                 self.messages.append(eventdata.message_of(event.type, event.data))
         self.seen = len(events)

@@ -13,7 +13,10 @@ A log that ends inside a turn is closed by synthetic events, in this order:
 Their seqs continue the log and their time is the time of the last event, so the repair of a
 given log is always the same. A repaired result is marked as such in its message id
 (``interrupted-tool-result-<call id>-<seq>``) and, like every result, cites the ``tool/call``
-it answers in ``sourceEventSeqs`` when that is in the log. The closers are the original
+it answers in ``sourceEventSeqs`` when that is in the log. When that ``tool/call`` recorded
+the call's effect class (and idempotency key), the ``TOOL_OUTCOME_UNKNOWN`` result carries
+them in its ``effect`` field and its text is the one of that class; without a recorded class
+(the original harness's logs), the result is exactly the general one. The closers are the original
 harness's, envelope included; the texts the model reads are this package's own. Recovery never
 dispatches anything again: the model decides.
 """
@@ -28,6 +31,8 @@ from ..results import NOT_STARTED_TEXT, OUTCOME_UNKNOWN_TEXT, not_started, outco
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from ..effects import EffectClass
 
 __all__ = ["NOT_STARTED_TEXT", "OUTCOME_UNKNOWN_TEXT", "interrupted_turn_closers", "repair_of"]
 
@@ -56,6 +61,7 @@ def interrupted_turn_closers(
     turn = _int(events[start].data, "turn")
     step: int | None = None
     pending: dict[str, tuple[int, int | None]] = {}  # call id -> (step, seq of its tool/call)
+    effects: dict[str, tuple[EffectClass | None, str | None]] = {}  # call id -> class, key
     for event in events[start + 1 :]:
         data = event.data
         if event.type == "step/start":
@@ -69,6 +75,7 @@ def interrupted_turn_closers(
             started = data.get("callId")
             if isinstance(started, str) and started in pending:
                 pending[started] = (pending[started][0], event.seq)
+                effects[started] = eventdata.call_effect_of(data)
         elif event.type == "tool/result":
             answered = eventdata.result_call_id(data)
             if answered is not None:
@@ -76,7 +83,10 @@ def interrupted_turn_closers(
     seq, time = len(events), events[-1].time
     closers: list[SessionEvent] = []
     for call_id, (call_step, call_seq) in pending.items():
-        result = _OUTCOME_UNKNOWN if call_seq is not None or tail_cut else _NOT_STARTED
+        if call_seq is not None and call_id in effects:
+            result = outcome_unknown(*effects[call_id])
+        else:
+            result = _OUTCOME_UNKNOWN if call_seq is not None or tail_cut else _NOT_STARTED
         message_id = eventdata.interrupted_result_id(call_id, seq)
         answer = eventdata.tool_result(turn, call_step, call_id, result, message_id=message_id)
         sources = None if call_seq is None else (call_seq,)
