@@ -171,6 +171,8 @@ def test_recover_adds_what_the_original_adds_and_a_second_recover_nothing(case: 
         if record["type"] == "tool/result":
             text = record["data"]["message"]["content"][0]["content"][0]["text"]
             assert text == f"Error: {OUTCOME_UNKNOWN_TEXT}"
+            # The original records no effect class: the result is the general one, and only it.
+            assert record["data"].keys() == {"turn", "step", "message", "error"}
     assert stored_events(case.log()) == recovered.events  # on disk, in the log's own format
     before = tree(case.root)
     again = anyio.run(JsonlSessionPersistence(case.root).load, case.session_id)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from kai_session_checkpoint_policy import eventdata
 from kai_session_checkpoint_policy.events import JSONObject, SessionEvent
 from kai_session_checkpoint_policy.persistence import (
     NOT_STARTED_TEXT,
     OUTCOME_UNKNOWN_TEXT,
     interrupted_turn_closers,
 )
+from kai_session_checkpoint_policy.results import EffectInfo, outcome_unknown
 
 from ..support.persistence_helpers import COMPLETE_TURN, assistant, events, tool_call, tool_result
 
@@ -199,3 +201,29 @@ def test_only_the_last_started_turn_is_closed() -> None:
     assert summary(interrupted_turn_closers(logged)) == [
         ("turn/end", 4, {"turn": 2, "reason": {"kind": "interrupted"}}),
     ]
+
+
+def test_a_recorded_class_and_key_give_the_result_of_that_class() -> None:
+    """The class and key are read back from the tool/call; a class this package does not know
+    (a newer writer's, or damage) gives the general result, as no class does."""
+    name, data = tool_call(2, 1, "c1")
+    for effect, key, expected in (
+        ("side-effecting", "k-1", outcome_unknown("side-effecting", "k-1")),
+        ("read-only", "k-1", outcome_unknown("read-only")),
+        ("idempotent", 7, outcome_unknown("idempotent")),  # a key that is no string is no key
+        ("fragile", "k-1", outcome_unknown()),
+    ):
+        recorded: JSONObject = {**data, "effect": effect, "idempotencyKey": key}
+        logged = events(*OPEN_TURN_2, assistant(2, 1, "c1"), (name, recorded))
+        result = interrupted_turn_closers(logged)[0]
+        assert result.data == eventdata.tool_result(
+            2, 1, "c1", expected, message_id="interrupted-tool-result-c1-6"
+        )
+    side_effecting = outcome_unknown("side-effecting", "k-1")
+    assert side_effecting.effect == EffectInfo("side-effecting", "k-1")
+    assert eventdata.tool_result(2, 1, "c1", side_effecting)["effect"] == {
+        "class": "side-effecting",
+        "idempotencyKey": "k-1",
+    }
+    assert "k-1" in side_effecting.content[0].text
+    assert "First verify whether the change happened" in side_effecting.content[0].text
