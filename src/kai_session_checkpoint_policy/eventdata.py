@@ -160,6 +160,8 @@ class ToolCallData(_ToolCallData, total=False):
     """The effect class the call ran under (``"read-only"``...), when the host knows it."""
     idempotencyKey: str
     """The key the tool body was handed, when it had one."""
+    approvalId: str
+    """The ``approval/asked`` whose answer the call ran under, when it needed one."""
 
 
 # "class" is a Python keyword: only the functional form can name the key.
@@ -270,6 +272,7 @@ def tool_call(
     *,
     effect: EffectClass | None = None,
     idempotency_key: str | None = None,
+    approval_id: str | None = None,
 ) -> ToolCallData:
     """The data of the ``tool/call`` of *call_id*; *effect* and *idempotency_key* when known."""
     data: ToolCallData = {
@@ -283,6 +286,8 @@ def tool_call(
         data["effect"] = effect
     if idempotency_key is not None:
         data["idempotencyKey"] = idempotency_key
+    if approval_id is not None:
+        data["approvalId"] = approval_id
     return data
 
 

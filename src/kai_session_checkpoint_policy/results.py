@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ABORTED",
     "ABORTED_BEFORE_DISPATCH",
+    "APPROVAL_REJECTED",
+    "APPROVAL_UNAVAILABLE",
     "NOT_STARTED_TEXT",
     "OUTCOME_UNKNOWN_TEXT",
     "OUTCOME_UNKNOWN_TEXTS",
@@ -62,6 +64,10 @@ ABORTED: Final = "ABORTED"
 TOOL_OUTCOME_UNKNOWN: Final = "TOOL_OUTCOME_UNKNOWN"
 TOOL_NOT_STARTED: Final = "TOOL_NOT_STARTED"
 UNKNOWN_TOOL: Final = "UNKNOWN_TOOL"
+APPROVAL_REJECTED: Final = "APPROVAL_REJECTED"
+"""The person asked to approve the call said no; the body did not run."""
+APPROVAL_UNAVAILABLE: Final = "APPROVAL_UNAVAILABLE"
+"""Nobody could be asked to approve the call (or asking failed); the body did not run."""
 UNKNOWN_IDEMPOTENCY_KEY: Final = "UNKNOWN_IDEMPOTENCY_KEY"
 """A retry named an idempotency key this session never gave that tool; the body did not run."""
 

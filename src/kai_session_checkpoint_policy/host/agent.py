@@ -50,12 +50,15 @@ from ..effects import IDEMPOTENCY_KEY_ARGUMENT, READ_ONLY, idempotency_key
 from ..events import SURFACE_EVENT_TYPES
 from ..hookspecs import hookimpl
 from ..results import (
+    APPROVAL_REJECTED,
+    APPROVAL_UNAVAILABLE,
     UNKNOWN_IDEMPOTENCY_KEY,
     ErrorInfo,
     aborted_before_dispatch,
     error_result,
     outcome_unknown,
 )
+from .approvals import ApprovalLedger, ApprovalQuestion, asked_data, decided_data
 from .signals import AbortController, AbortSignal
 from .tools import ToolExecution, error_message
 
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from ..hookspecs import PreStepThunk
     from ..results import ToolResult
     from ._host import Host
+    from .approvals import ApprovalOutcome, Approver
     from .sessions import Session
 
 __all__ = ["Agent", "DefaultPreStep", "PreStep", "ToolCall", "TurnOutcome"]
@@ -127,6 +131,7 @@ class Agent:
         model: str,
         max_steps: int = 16,
         max_parallel_tools: int = 10,
+        approver: Approver | None = None,
     ) -> None:
         if max_steps < 1 or max_parallel_tools < 1:
             raise ValueError("max_steps and max_parallel_tools must be at least 1")
@@ -136,8 +141,18 @@ class Agent:
         self.model = model
         self.max_steps = max_steps
         self.max_parallel_tools = max_parallel_tools
+        self.approver = approver
+        """Asks a person to approve a call of a tool that needs it; without one, none runs."""
         self._announced_route = False
         self._known = _Known()
+
+    def pending_approvals(self) -> list[ApprovalQuestion]:
+        """The approval questions of this session asked and never answered, oldest first.
+
+        After a crash or a stop while a person was being asked, a host shows these again; none
+        is ever taken as a yes. The person is asked again when the model asks for the call again.
+        """
+        return self._known.caught_up(self.session).approvals.pending()
 
     async def run_turn(self, text: str, *, signal: AbortSignal | None = None) -> TurnOutcome:
         """Run one turn for the user's *text* and return how it ended.
@@ -237,7 +252,11 @@ class Agent:
             executions: list[ToolExecution] = []
             for call in batch:
                 execution, refusal = self._execution(call, signal)
-                step_calls.started(call, execution)
+                approval_id = None
+                tool = self.host.tools.get(call.name)
+                if refusal is None and tool is not None and tool.needs_approval:
+                    approval_id, refusal = await self._approve(call)
+                step_calls.started(call, execution, approval_id)
                 if refusal is None:
                     executions.append(execution)
                 else:
@@ -271,6 +290,39 @@ class Agent:
             call.id, call.name, arguments, signal, self, effect=effect, idempotency_key=key
         )
         return execution, refusal
+
+    async def _approve(self, call: ToolCall) -> tuple[str, ToolResult | None]:
+        """Ask a person about *call*, durably, unless an unused answer for it stands; return the
+        id of the decision, and the refusal if it is not a yes."""
+        session = self.session
+        ledger = self._known.caught_up(session).approvals
+        standing = ledger.standing(call.name, call.arguments)
+        if standing is not None:
+            return standing[0], _refusal(standing[1])
+        before = ledger.pending_for(call.name, call.arguments)
+        question = ApprovalQuestion(
+            f"approval-{call.id}-{len(session.events)}",
+            call.id,
+            call.name,
+            call.arguments,
+            "" if before is None else f"asked again after a restart (first as {before.id})",
+            None if before is None else before.id,
+        )
+        session.append("approval/asked", asked_data(question))
+        await self.host.sessions.flush(session)  # durable before the person is asked
+        outcome: ApprovalOutcome = "unavailable"
+        try:
+            if self.approver is not None:
+                outcome = "allowed-once" if await self.approver(question) else "rejected"
+        except Exception:
+            outcome = "unavailable"
+        except BaseException:
+            session.append("approval/decided", decided_data(question.id, "cancelled"))
+            raise
+        session.append("approval/decided", decided_data(question.id, outcome))
+        if outcome == "allowed-once":
+            await self.host.sessions.flush(session)  # a yes is durable before the body runs
+        return question.id, _refusal(outcome)
 
     def _batches(self, calls: list[ToolCall]) -> list[list[ToolCall]]:
         """Runs of concurrency-safe calls, and every other call alone, in model order."""
@@ -326,7 +378,9 @@ class _StepCalls:
     def asked(self, calls: Iterable[ToolCall]) -> None:
         self._open += (call.id for call in calls)
 
-    def started(self, call: ToolCall, execution: ToolExecution) -> ToolExecution:
+    def started(
+        self, call: ToolCall, execution: ToolExecution, approval_id: str | None = None
+    ) -> ToolExecution:
         """Append the ``tool/call`` of *call*, about to be dispatched as *execution*."""
         data = eventdata.tool_call(
             self._turn,
@@ -336,6 +390,7 @@ class _StepCalls:
             call.arguments,
             effect=execution.effect,
             idempotency_key=execution.idempotency_key,
+            approval_id=approval_id,
         )
         self._call_seqs[call.id] = self._session.append("tool/call", data).seq
         self._executions[execution.call_id] = execution
@@ -445,14 +500,15 @@ class _Response:
         ]
 
 
-_TRACKED: Final = SURFACE_EVENT_TYPES | {"turn/start", "request/header", "tool/call"}
+_APPROVALS: Final = frozenset({"approval/asked", "approval/decided", "tool/call"})
+_TRACKED: Final = SURFACE_EVENT_TYPES | _APPROVALS | {"turn/start", "request/header"}
 
 
 class _Known:
     """What an agent knows of its session's log, read once: each request is derived from it
     and the events appended since, never from the whole log again."""
 
-    __slots__ = ("has_header", "keys", "messages", "seen", "turns")
+    __slots__ = ("approvals", "has_header", "keys", "messages", "seen", "turns")
 
     def __init__(self) -> None:
         self.seen = 0  # events read so far
@@ -460,6 +516,7 @@ class _Known:
         self.has_header = False
         self.messages: list[JSONObject] = []  # what a model sees: the transcript
         self.keys: dict[str, str] = {}  # every idempotency key a tool/call recorded -> its tool
+        self.approvals = ApprovalLedger()
 
     def caught_up(self, session: Session) -> _Known:
         events = session.events
@@ -468,14 +525,30 @@ class _Known:
                 self.turns += 1
             elif event.type == "request/header":
                 self.has_header = True
-            elif event.type == "tool/call":
+            elif event.type in _APPROVALS:
+                self.approvals.take(event.type, event.data)
                 key, name = event.data.get("idempotencyKey"), event.data.get("name")
-                if isinstance(key, str) and isinstance(name, str):
+                if event.type == "tool/call" and isinstance(key, str) and isinstance(name, str):
                     self.keys.setdefault(key, name)
             else:  # every user, assistant and tool-result message, in order
                 self.messages.append(eventdata.message_of(event.type, event.data))
         self.seen = len(events)
         return self
+
+
+def _refusal(outcome: ApprovalOutcome) -> ToolResult | None:
+    """The result of a call whose approval came out as *outcome*; ``None`` for a yes."""
+    if outcome == "allowed-once":
+        return None
+    if outcome == "rejected":
+        return error_result(
+            "the person asked to approve this call said no; it did not run",
+            ErrorInfo("ApprovalRejectedError", APPROVAL_REJECTED),
+        )
+    return error_result(
+        "nobody could be asked to approve this call; it did not run",
+        ErrorInfo("ApprovalUnavailableError", APPROVAL_UNAVAILABLE),
+    )
 
 
 def _parse_arguments(raw: str) -> JSON:

@@ -61,6 +61,8 @@ class Tool:
     parameters: JSONObject = field(default_factory=lambda: {"type": "object"}, hash=False)
     effect: EffectClass | None = None
     annotations: Mapping[str, object] | None = field(default=None, hash=False, compare=False)
+    needs_approval: bool = False
+    """Whether each call waits for a person's yes before its body runs (see ``approvals``)."""
 
     def __post_init__(self) -> None:
         if self.effect is not None:
