@@ -23,6 +23,7 @@ from kai_session_checkpoint_policy import (
     Finish,
     Host,
     TextDelta,
+    hookimpl,
     invariant,
     policy,
     tool_call_block,
@@ -36,7 +37,8 @@ from ..support.markers import MARKER_TIMEOUT, kill_at_marker, reap, wait_for_mar
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
-    from kai_session_checkpoint_policy import JSONObject, LlmRequest, StreamChunk
+    from kai_session_checkpoint_policy import JSONObject, LlmRequest, Session, StreamChunk
+    from kai_session_checkpoint_policy.hookspecs import FlushThunk
 
 pytestmark = [
     pytest.mark.crash,
@@ -225,3 +227,55 @@ def test_a_sigkill_after_the_yes_uses_it_once_without_asking_again(tmp_path: Pat
         ("approval/decided", {"id": question.id, "outcome": "allowed-once"}),
     ]
     assert payments(tmp_path) == ["call-2", "call-3"]
+
+
+# -- fail-closed, in one process ---------------------------------------------------------------
+
+
+class FailingAfter:
+    """A ``session_flush`` plugin that fails while the last event of the session is *kind*."""
+
+    name = "failing-after"
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    @hookimpl
+    def session_flush(self, session: Session) -> FlushThunk:
+        async def flush() -> None:
+            if session.events and session.events[-1].type == self.kind:
+                raise OSError(f"disk full after {self.kind}")
+
+        return flush
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "was_asked"), [("approval/asked", False), ("approval/decided", True)]
+)
+async def test_a_failed_flush_fails_the_call_closed(
+    tmp_path: Path, kind: str, was_asked: bool
+) -> None:
+    asked: list[ApprovalQuestion] = []
+
+    async def approver(question: ApprovalQuestion) -> bool:
+        asked.append(question)
+        return True
+
+    async with Host([FailingAfter(kind)], autoload=False) as host:
+        host.llm.register_adapter(PROVIDER, Retrying())
+        host.tools.register(make_pay_tool(tmp_path / "effects"))
+        session = host.sessions.create("s")
+        agent = Agent(host, session, provider=PROVIDER, model="m", approver=approver)
+        outcome = await agent.run_turn("pay")
+
+    assert outcome.reason == {
+        "kind": "error",
+        "error": {"message": f"disk full after {kind}", "code": "UNKNOWN"},
+    }
+    assert bool(asked) is was_asked  # the person is asked only once the question is durable
+    assert payments(tmp_path) == []  # and the body runs only once the yes is durable
+    assert summary(list(session.events), 0)[-2:] == [
+        ("tool/result", "ABORTED_BEFORE_DISPATCH"),
+        ("turn/end", "error"),
+    ]
