@@ -19,8 +19,7 @@ idempotency key, in :attr:`ToolResult.effect`, and its text is the one of that c
 (:data:`OUTCOME_UNKNOWN_TEXTS`). A call recorded without a class (by a host that does not know
 classes, or the original harness) gets the general text, :data:`OUTCOME_UNKNOWN_TEXT`.
 
-This module imports nothing from the rest of the package but the effect classes, so any host
-can use it.
+This module imports nothing from the rest of the package, so any host can use it.
 """
 
 from __future__ import annotations
@@ -28,12 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
-from .effects import IDEMPOTENCY_KEY_ARGUMENT, IDEMPOTENT, OPEN_WORLD, READ_ONLY, SIDE_EFFECTING
-
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .effects import EffectClass
+
+# The names of the effect classes and of the key argument, as ``effects`` defines them; spelled
+# here so that loading the policy (which builds results) loads no more of the package.
+_READ_ONLY: Final = "read-only"
+_IDEMPOTENT: Final = "idempotent"
+_SIDE_EFFECTING: Final = "side-effecting"
+_OPEN_WORLD: Final = "open-world"
+_IDEMPOTENCY_KEY_ARGUMENT: Final = "idempotency_key"
 
 __all__ = [
     "ABORTED",
@@ -82,42 +87,42 @@ _STOPPED: Final = (
     "is not known whether the call took effect."
 )
 OUTCOME_UNKNOWN_TEXTS: Final[Mapping[EffectClass, str]] = {
-    READ_ONLY: (
+    _READ_ONLY: (
         "the session stopped after this tool call started and before its result was saved. "
         "The tool only reads: the call changed nothing, so it may simply be made again."
     ),
-    IDEMPOTENT: (
+    _IDEMPOTENT: (
         f"{_STOPPED} The tool is idempotent: a repeat with the same idempotency key has no "
         "further effect. To retry, call it again with the same arguments and the argument "
-        f'"{IDEMPOTENCY_KEY_ARGUMENT}": "{{key}}".'
+        f'"{_IDEMPOTENCY_KEY_ARGUMENT}": "{{key}}".'
     ),
-    SIDE_EFFECTING: (
+    _SIDE_EFFECTING: (
         f"{_STOPPED} The tool changes things, and calling it again may do so twice. First "
         "verify whether the change happened (look at the state it changes, or ask the user); "
         "retry only if it did not. This call's idempotency key is {key}: a retry that must "
-        f'be recognized as the same call passes the argument "{IDEMPOTENCY_KEY_ARGUMENT}": '
+        f'be recognized as the same call passes the argument "{_IDEMPOTENCY_KEY_ARGUMENT}": '
         '"{key}".'
     ),
-    OPEN_WORLD: (
+    _OPEN_WORLD: (
         f"{_STOPPED} The tool acts outside this agent (other systems, other people), so its "
         "effect may be somewhere the agent cannot see or check. Do not retry it on your own: "
         "ask the user, or check with the system it reached. This call's idempotency key is "
-        f'{{key}}; a retry of the same call passes the argument "{IDEMPOTENCY_KEY_ARGUMENT}": '
+        f'{{key}}; a retry of the same call passes the argument "{_IDEMPOTENCY_KEY_ARGUMENT}": '
         '"{key}".'
     ),
 }
 """The text of an unknown outcome for each class; ``{key}`` stands for the call's key."""
 _WITHOUT_KEY: Final[Mapping[EffectClass, str]] = {
-    IDEMPOTENT: (
+    _IDEMPOTENT: (
         f"{_STOPPED} The tool is idempotent: calling it again with the same arguments has no "
         "further effect, so it may be retried."
     ),
-    SIDE_EFFECTING: (
+    _SIDE_EFFECTING: (
         f"{_STOPPED} The tool changes things, and calling it again may do so twice. First "
         "verify whether the change happened (look at the state it changes, or ask the user); "
         "retry only if it did not."
     ),
-    OPEN_WORLD: (
+    _OPEN_WORLD: (
         f"{_STOPPED} The tool acts outside this agent (other systems, other people), so its "
         "effect may be somewhere the agent cannot see or check. Do not retry it on your own: "
         "ask the user, or check with the system it reached."
@@ -198,7 +203,7 @@ def outcome_unknown_text(effect: EffectClass | None = None, key: str | None = No
     """
     if effect is None:
         return OUTCOME_UNKNOWN_TEXT
-    if key is None or effect == READ_ONLY:
+    if key is None or effect == _READ_ONLY:
         return _WITHOUT_KEY.get(effect, OUTCOME_UNKNOWN_TEXTS[effect])
     return OUTCOME_UNKNOWN_TEXTS[effect].replace("{key}", key)
 
@@ -215,7 +220,7 @@ def outcome_unknown(effect: EffectClass | None = None, key: str | None = None) -
     result = error_result(outcome_unknown_text(effect, key), info)
     if effect is None:
         return result
-    recorded_key = None if effect == READ_ONLY else key
+    recorded_key = None if effect == _READ_ONLY else key
     return ToolResult(
         result.content, result.is_error, result.error, EffectInfo(effect, recorded_key)
     )

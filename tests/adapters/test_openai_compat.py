@@ -48,6 +48,7 @@ from kai_session_checkpoint_policy.demo import (
     TOOL_NAME,
     make_payment_tool,
 )
+from kai_session_checkpoint_policy.effects import idempotency_key
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 
 from ..support import doc_snippets
@@ -656,6 +657,8 @@ def test_the_agent_command_runs_a_turn_against_the_endpoint(
         "callId": CALL,
         "name": TOOL_NAME,
         "arguments": ARGUMENTS,
+        "effect": "side-effecting",  # as the payment tool declares
+        "idempotencyKey": idempotency_key("pay-1", CALL),
     }
     assert events["turn/end"]["reason"] == {"kind": "completed"}
 

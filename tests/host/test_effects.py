@@ -31,6 +31,7 @@ from kai_session_checkpoint_policy import (
     tool_call_block,
 )
 from kai_session_checkpoint_policy.effects import (
+    EFFECT_CLASSES,
     effect_class,
     effect_from_annotations,
     idempotency_key,
@@ -38,7 +39,9 @@ from kai_session_checkpoint_policy.effects import (
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.results import (
     OUTCOME_UNKNOWN_TEXT,
+    OUTCOME_UNKNOWN_TEXTS,
     UNKNOWN_IDEMPOTENCY_KEY,
+    ErrorInfo,
     outcome_unknown,
 )
 
@@ -354,3 +357,13 @@ async def test_a_read_only_call_ignores_a_named_key_and_its_body_never_sees_it()
     assert seen == [(None, {"q": 1})]
     (call,) = [event for event in events if event.type == "tool/call"]
     assert call.data["arguments"] == arguments  # the log keeps what the model asked, as it was
+
+
+def test_there_is_a_text_for_every_class() -> None:
+    assert tuple(OUTCOME_UNKNOWN_TEXTS) == EFFECT_CLASSES
+    for effect in EFFECT_CLASSES:
+        result = outcome_unknown(effect, "k")
+        assert result.effect is not None
+        assert result.effect.effect == effect
+        assert result.error is not None
+        assert result.error.info == ErrorInfo("ToolOutcomeUnknownError", "TOOL_OUTCOME_UNKNOWN")
