@@ -70,7 +70,7 @@ def make_agent(workdir: Path, *, block_after_paying: bool) -> Agent[None, str]:
 
     agent = Agent(FunctionModel(model), instructions="Pay what you are asked to pay.")
 
-    @agent.tool_plain(sequential=True)
+    @agent.tool_plain(sequential=True, metadata={"effect": "side-effecting"})
     async def pay(invoice: int) -> str:
         append_line(workdir / "ledger", f"paid invoice {invoice}".encode())
         if block_after_paying:

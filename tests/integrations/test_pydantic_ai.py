@@ -39,22 +39,27 @@ from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RequestUsage
 
 from kai_session_checkpoint_policy import eventdata
+from kai_session_checkpoint_policy.effects import idempotency_key
 from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.integrations.pydantic_ai import (
     PydanticAISession,
     UnrecordedToolCallError,
+    current_idempotency_key,
     history_of,
     open_session,
 )
 from kai_session_checkpoint_policy.persistence import (
     NOT_STARTED_TEXT,
-    OUTCOME_UNKNOWN_TEXT,
     JsonlSessionPersistence,
     OsFiles,
     StoredLog,
     open_store,
 )
-from kai_session_checkpoint_policy.results import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
+from kai_session_checkpoint_policy.results import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
+    outcome_unknown_text,
+)
 
 from ..support import doc_snippets
 from ..support.markers import kill_at_marker, reap
@@ -135,6 +140,29 @@ async def run(session: PydanticAISession, agent: Agent[None, str], prompt: str |
 # -- what a run records ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("trusted", "ran_under", "key"),
+    [(False, "open-world", idempotency_key("s", "pay-1")), (True, "read-only", None)],
+)
+async def test_mcp_annotations_in_tool_metadata_set_the_class_only_when_trusted(
+    tmp_path: Path, trusted: bool, ran_under: str, key: str | None
+) -> None:
+    keys: list[str | None] = []
+    agent = Agent(paying_model(), instructions="Look it up.")
+
+    @agent.tool_plain(metadata={"annotations": {"readOnlyHint": True, "title": None}})
+    async def pay(invoice: int) -> str:
+        keys.append(current_idempotency_key())  # what a body hands to a provider
+        return "found"
+
+    async with open_session(tmp_path, "s", trust_annotations=trusted) as session:
+        await run(session, agent, "Look up invoice 42.")
+    stored = await inspect(tmp_path, "s")
+    (call,) = [event for event in stored.events if event.type == "tool/call"]
+    assert (call.data.get("effect"), call.data.get("idempotencyKey")) == (ran_under, key)
+    assert keys == [key]
+
+
 async def test_a_run_is_recorded_in_the_events_of_the_reference_agent(tmp_path: Path) -> None:
     bodies: list[str] = []
     async with open_session(tmp_path, "s") as session:
@@ -179,7 +207,15 @@ async def test_a_run_is_recorded_in_the_events_of_the_reference_agent(tmp_path: 
         ),
         (
             "tool/call",
-            {"turn": 1, "step": 1, "callId": "pay-1", "name": "pay", "arguments": '{"invoice":42}'},
+            {
+                "turn": 1,
+                "step": 1,
+                "callId": "pay-1",
+                "name": "pay",
+                "arguments": '{"invoice":42}',
+                "effect": "open-world",  # the tool declares nothing: the worst case
+                "idempotencyKey": idempotency_key("s", "pay-1"),
+            },
         ),
         (
             "tool/result",
@@ -497,7 +533,10 @@ def check_resumed_through_the_integration(workdir: Path) -> None:
     assert len(first) == 1
     answers = returns_of(resumed[-1])
     assert sorted(answers) == ["pay-1", "receipt-1"]
-    assert answers["pay-1"].content == f"[{TOOL_OUTCOME_UNKNOWN}] Error: {OUTCOME_UNKNOWN_TEXT}"
+    # The payment tool declares itself side-effecting (in its metadata): verify first, and the
+    # key its body was handed is named.
+    seen = outcome_unknown_text("side-effecting", idempotency_key("crash", "pay-1"))
+    assert answers["pay-1"].content == f"[{TOOL_OUTCOME_UNKNOWN}] Error: {seen}"
     assert answers["pay-1"].outcome == "failed"
     assert answers["pay-1"].metadata == {
         "error": {"name": "ToolOutcomeUnknownError", "code": TOOL_OUTCOME_UNKNOWN}

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import aclosing, asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -62,6 +63,13 @@ from .. import eventdata, invariant, policy
 from ..contract import BlockEnd, BlockStart, Finish, PreStepDecision, ReasoningDelta, Usage
 from ..contract import text_block as _text_block
 from ..contract import tool_call_block as _tool_call_block
+from ..effects import (
+    READ_ONLY,
+    WORST_EFFECT,
+    effect_class,
+    effect_from_annotations,
+    idempotency_key,
+)
 from ..hookspecs import hookimpl
 from ..host import Host
 from ..host.tools import error_message
@@ -90,6 +98,7 @@ if TYPE_CHECKING:
     from pydantic_ai.tools import RunContext, ToolDefinition
 
     from ..contract import StreamChunk
+    from ..effects import EffectClass
     from ..events import JSON, JSONObject, SessionEvent
     from ..hookspecs import PreStepThunk, StreamThunk, ToolThunk
     from ..host import Session
@@ -99,6 +108,7 @@ __all__ = [
     "PydanticAISession",
     "SessionCheckpoints",
     "UnrecordedToolCallError",
+    "current_idempotency_key",
     "history_of",
     "open_session",
 ]
@@ -107,6 +117,31 @@ _BUILTINS: Final = ("kai-host-llm", "kai-host-tools", "kai-host-pre-step")
 """The reference host's own innermost implementations; this host answers the hooks itself."""
 
 _SURFACE: Final = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
+_KEY: ContextVar[str | None] = ContextVar("kai_idempotency_key", default=None)
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the tool call whose body is running, for the body to hand to a
+    provider that deduplicates on it (``None`` for a read-only tool, or outside a body).
+
+    It is derived from the session and the call's id, and recorded in the call's ``tool/call``.
+    """
+    return _KEY.get()
+
+
+def _effect_of(tool_def: ToolDefinition | None, *, trusted: bool) -> EffectClass:
+    """The class calls of *tool_def* run under: its metadata's ``effect``, else its MCP
+    ``annotations`` if trusted, else the worst case."""
+    metadata = (tool_def.metadata if tool_def is not None else None) or {}
+    declared = metadata.get("effect")
+    if declared is not None:
+        return effect_class(str(declared))
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict):
+        return effect_from_annotations(annotations, trusted=trusted)
+    return WORST_EFFECT
 
 
 class UnrecordedToolCallError(RuntimeError):
@@ -125,7 +160,11 @@ class UnrecordedToolCallError(RuntimeError):
 
 @asynccontextmanager
 async def open_session(
-    store: str | os.PathLike[str] | Store, session_id: str, *, plugins: Iterable[object] = ()
+    store: str | os.PathLike[str] | Store,
+    session_id: str,
+    *,
+    plugins: Iterable[object] = (),
+    trust_annotations: bool = False,
 ) -> AsyncIterator[PydanticAISession]:
     """Open the session *session_id* in *store*, recovered if the store holds it.
 
@@ -134,6 +173,10 @@ async def open_session(
         the backend is closed with the session.
     :param session_id: The session's id: a new session if the store has none by this id.
     :param plugins: More plugins for the host (observers, further persistence participants).
+    :param trust_annotations: Whether the MCP annotations Pydantic AI copies into a tool's
+        metadata (``metadata["annotations"]``) may set the effect class of its calls. A tool's
+        own ``metadata["effect"]`` (``"read-only"``...) is always read; a tool with neither
+        runs as ``"open-world"``.
 
     On a clean exit the session is flushed, then released. An exception that ends the block
     leaves the session's admitted events to the backend, which writes what it can as it
@@ -145,7 +188,7 @@ async def open_session(
     options = {policy.REQUIRE_OPTION: True}
     async with Host(registered, autoload=False, block=_BUILTINS, options=options) as host:
         session = await host.sessions.open(session_id)
-        opened = PydanticAISession(_SessionHost(host, session))
+        opened = PydanticAISession(_SessionHost(host, session, trust_annotations))
         try:
             yield opened
         except BaseException:
@@ -240,7 +283,7 @@ class SessionCheckpoints(AbstractCapability[Any]):
         args: dict[str, Any],
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        return await self.recorder.tool_execute(call, args, handler)
+        return await self.recorder.tool_execute(call, args, handler, tool_def)
 
 
 # -------------------------------------------------------------------------------------------
@@ -316,10 +359,12 @@ async def _enter() -> PreStepDecision:
 class _Call:
     """One tool call of the open step, until its ``tool/result``."""
 
-    __slots__ = ("call_id", "call_seq", "error", "finished", "name", "started")
+    __slots__ = ("call_id", "call_seq", "effect", "error", "finished", "key", "name", "started")
 
     def __init__(self, call_id: str, name: str) -> None:
         self.call_id, self.name = call_id, name
+        self.effect: EffectClass | None = None  # the class it runs under, once started
+        self.key: str | None = None  # and its idempotency key
         self.call_seq: int | None = None  # the seq of its tool/call
         self.started = False  # the tool body was entered
         self.finished = False  # and returned
@@ -342,7 +387,8 @@ class _Turn:
 class _SessionHost:
     """Records the runs of one live session, and calls the boundary hooks of its host."""
 
-    def __init__(self, host: Host, session: Session) -> None:
+    def __init__(self, host: Host, session: Session, trust_annotations: bool = False) -> None:
+        self.trust_annotations = trust_annotations
         self.host = host
         self.hooks = host.pm.hook
         self.session = session
@@ -484,7 +530,11 @@ class _SessionHost:
             self.session.append("user/message", data)
 
     async def tool_execute(
-        self, call: ToolCallPart, args: dict[str, Any], handler: WrapToolExecuteHandler
+        self,
+        call: ToolCallPart,
+        args: dict[str, Any],
+        handler: WrapToolExecuteHandler,
+        tool_def: ToolDefinition | None = None,
     ) -> Any:
         turn = self._current()
         record = turn.calls.get(call.tool_call_id) if turn.step_open else None
@@ -494,15 +544,28 @@ class _SessionHost:
                 f"({call.tool_name}) was not asked for by a response recorded in this session; "
                 "run the agent with the session's message_history"
             )
+        effect = _effect_of(tool_def, trusted=self.trust_annotations)
+        key = None if effect == READ_ONLY else idempotency_key(self.session.id, call.tool_call_id)
+        record.effect, record.key = effect, key
         data = eventdata.tool_call(
-            turn.number, turn.step, call.tool_call_id, call.tool_name, call.args_as_json_str()
+            turn.number,
+            turn.step,
+            call.tool_call_id,
+            call.tool_name,
+            call.args_as_json_str(),
+            effect=effect,
+            idempotency_key=key,
         )
         record.call_seq = self.session.append("tool/call", data).seq
         values: list[Any] = []
 
         async def body() -> ToolResult:
             record.started = True
-            value = await handler(args)
+            token = _KEY.set(key)
+            try:
+                value = await handler(args)
+            finally:
+                _KEY.reset(token)
             record.finished = True
             values.append(value)
             return ToolResult((TextBlock(_return_text(call, value)),))
@@ -549,7 +612,7 @@ class _SessionHost:
             elif record.error is not None:
                 result = error_result(error_message(record.error))
             elif record.started:
-                result = outcome_unknown()
+                result = outcome_unknown(record.effect, record.key)
             else:
                 result = aborted_before_dispatch()
             self._answer(turn, record, result)
