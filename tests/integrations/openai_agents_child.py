@@ -194,7 +194,8 @@ async def _main(arguments: list[str]) -> RunResult:
     if options.mode == "sqlite":
         session = SQLiteSession(options.session, db_path=options.store)
         return await Runner.run(agent, options.prompt, session=session)
-    async with CheckpointSession(options.store, options.session) as checkpointed:
+    effects = {TOOL_NAME: "side-effecting"}
+    async with CheckpointSession(options.store, options.session, effects=effects) as checkpointed:
         return await Runner.run(
             agent, options.prompt, session=checkpointed, hooks=checkpointed.hooks
         )

@@ -22,6 +22,7 @@ from agents.items import TResponseOutputItem
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from kai_session_checkpoint_policy import Host, eventdata, hookimpl, policy
+from kai_session_checkpoint_policy.effects import idempotency_key
 from kai_session_checkpoint_policy.events import JSONObject, SessionEvent
 from kai_session_checkpoint_policy.hookspecs import FlushThunk
 from kai_session_checkpoint_policy.integrations.openai_agents import (
@@ -33,13 +34,13 @@ from kai_session_checkpoint_policy.integrations.openai_agents import (
 from kai_session_checkpoint_policy.persistence import open_store
 from kai_session_checkpoint_policy.results import (
     NOT_STARTED_TEXT,
-    OUTCOME_UNKNOWN_TEXT,
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
     TextBlock,
     ToolResult,
     error_result,
     outcome_unknown,
+    outcome_unknown_text,
 )
 
 from ..support import doc_snippets
@@ -61,6 +62,10 @@ EXAMPLE: Final = DOCS / "examples/integration_openai_agents.py"
 PAGE: Final = DOCS / "integrations/openai-agents.md"
 SESSION: Final = "invoice-1042"
 CALL: Final = "call-pay-1"
+SIDE_EFFECTING_UNKNOWN: Final = outcome_unknown_text(
+    "side-effecting", idempotency_key(SESSION, CALL)
+)
+"""What the model reads of the payment killed in its body: the child declares it side-effecting."""
 
 TURN_TYPES: Final = [
     "turn/start",
@@ -168,7 +173,10 @@ async def test_a_turn_is_recorded_in_the_original_format(tmp_path: Path) -> None
         model=MODEL_NAME,
     )
     assert live[9].source_event_seqs == (5, 6, 7, 8)
-    assert data[10] == eventdata.tool_call(1, 1, CALL, TOOL_NAME, ARGUMENTS)
+    key = idempotency_key(SESSION, CALL)  # the tool's class is not declared: the worst case
+    assert data[10] == eventdata.tool_call(
+        1, 1, CALL, TOOL_NAME, ARGUMENTS, effect="open-world", idempotency_key=key
+    )
     paid = ToolResult((TextBlock("paid 120.00 EUR for invoice 1042"),))
     assert data[11] == eventdata.tool_result(1, 1, CALL, paid)
     assert live[11].source_event_seqs == (10,)
@@ -423,7 +431,7 @@ def test_a_payment_killed_mid_tool_is_answered_unknown_and_never_repeated(tmp_pa
         {
             "type": "function_call_output",
             "call_id": CALL,
-            "output": f"{TOOL_OUTCOME_UNKNOWN}: Error: {OUTCOME_UNKNOWN_TEXT}",
+            "output": f"{TOOL_OUTCOME_UNKNOWN}: Error: {SIDE_EFFECTING_UNKNOWN}",
         },
         {"role": "user", "content": "Is invoice 1042 paid?"},
     ]
@@ -438,8 +446,9 @@ def test_a_payment_killed_mid_tool_is_answered_unknown_and_never_repeated(tmp_pa
         "step/start",
     ]
     repair = stored[11]
+    unknown = outcome_unknown("side-effecting", idempotency_key(SESSION, CALL))
     assert repair.data == eventdata.tool_result(
-        1, 1, CALL, outcome_unknown(), message_id=eventdata.interrupted_result_id(CALL, 11)
+        1, 1, CALL, unknown, message_id=eventdata.interrupted_result_id(CALL, 11)
     )
     assert stored[13].data == eventdata.turn_end(1, {"kind": "interrupted"})
 

@@ -67,6 +67,7 @@ from ..contract import (
     text_block,
     tool_call_block,
 )
+from ..effects import READ_ONLY, WORST_EFFECT, effect_class, idempotency_key
 from ..host import AbortController, Agent, Host, PreStep, Tool, ToolExecution, error_message
 from ..persistence import DEFAULT_BATCH_WINDOW, interrupted_turn_closers, open_store
 from ..results import TextBlock, ToolResult, error_result
@@ -155,6 +156,10 @@ class CheckpointSession:
     :param session_id: The session: resumed, with recovery, if the store has it; else created.
     :param batch_window: How long the backend lets an event wait for a background batch.
     :param plugins: More plugins for the host (observers, further persistence participants).
+    :param effects: The effect class of each tool, by name (``{"pay": "side-effecting"}``); a
+        tool not named runs as ``"open-world"``. Each ``tool/call`` records the class and, but
+        for a read-only tool, the idempotency key of the call (:meth:`idempotency_key`), so that
+        an unknown outcome after a crash says what a retry risks.
 
     Use it inside ``async with``, and pass :attr:`hooks` to every run that uses it: the hooks
     record the model's responses and the tool calls, and hold the checkpoints. A run without
@@ -170,7 +175,9 @@ class CheckpointSession:
         *,
         batch_window: float = DEFAULT_BATCH_WINDOW,
         plugins: Iterable[object] = (),
+        effects: Mapping[str, str] | None = None,
     ) -> None:
+        self._effects = {name: effect_class(value) for name, value in (effects or {}).items()}
         self.session_id = session_id
         self.store = store
         self.hooks: Final = CheckpointHooks(self)
@@ -383,16 +390,34 @@ class CheckpointSession:
         session.append("assistant/message", message, source_event_seqs=seqs)
         self._responded = True
 
+    def idempotency_key(self, tool_call_id: str) -> str:
+        """The idempotency key of the call *tool_call_id* of this session, as its ``tool/call``
+        records it: a tool body hands it (from ``ToolContext.tool_call_id``) to a provider that
+        deduplicates on it."""
+        return idempotency_key(self.session_id, tool_call_id)
+
     async def _before_tool(self, context: ToolContext[Any]) -> None:
         session, host = self.log, self._require_host()
         turn = self._require_turn()
         call_id, name, arguments = context.tool_call_id, context.tool_name, context.tool_arguments
-        data = eventdata.tool_call(turn, self._step, call_id, name, arguments)
+        effect = self._effects.get(name, WORST_EFFECT)
+        key = None if effect == READ_ONLY else self.idempotency_key(call_id)
+        data = eventdata.tool_call(
+            turn, self._step, call_id, name, arguments, effect=effect, idempotency_key=key
+        )
         self._call_seqs[call_id] = session.append("tool/call", data).seq
         if host.tools.get(name) is None:
             host.tools.register(Tool(name, _let_through))
         assert self._agent is not None
-        execution = ToolExecution(call_id, name, _parse(arguments), self._signal, self._agent)
+        execution = ToolExecution(
+            call_id,
+            name,
+            _parse(arguments),
+            self._signal,
+            self._agent,
+            effect=effect,
+            idempotency_key=key,
+        )
         failure: Exception | None = None
         try:
             result = await host.hooks.tools_execute(execution)()
