@@ -74,6 +74,7 @@ from .format import (
     encode_header,
     read_header,
     salvage,
+    scan_file,
     scan_log,
 )
 
@@ -151,6 +152,8 @@ class _Log:
         return _compression_of(self.path)
 
 
+_STABLE_READS: Final = 16
+"""How many times a log is read again while another process changes it, before giving up."""
 _RECOVERED_KEPT: Final = 1024
 """Of how many recovered sessions the size and count are kept until their first write."""
 
@@ -574,15 +577,16 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if log.fd is not None:
             self.files.close(log.fd)
             log.fd = None
-        data = self._read(log.path, session_id)
         if log.suspect:
+            data = self._read(log.path, session_id)
             if len(data) < log.size:
                 raise LogChangedError(
                     f"{log.path} is {len(data)} bytes long, shorter than the {log.size} bytes "
                     "known durable"
                 )
-            data = data[: log.size]
-        scan = self._scan_session(data, log.path, session_id)
+            scan = self._scan_session(log.path, session_id, data[: log.size])
+        else:
+            scan = self._scan_session(log.path, session_id)
         cut = (
             bool(scan.torn) and not (log.suspect or scan.salvaged) and len(scan.events) == expected
         )
@@ -850,7 +854,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         and stopped before closing the turn (the bytes it kept are named after the offset);
         what that recovery salvaged from them is salvaged again from the kept copy.
         """
-        scan = self._scan_session(self._read(path, session_id), path, session_id)
+        scan, _ = self._stable_scan(path, session_id)
         kept = _kept_copies(path, scan.committed_bytes)
         tail_cut = bool(scan.torn) or bool(kept)
         if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
@@ -930,10 +934,40 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _scan_session(self, data: bytes, path: Path, session_id: str) -> Scan:
-        """:func:`scan_log`, refusing a log whose header names another session (a copied log),
-        or a place other than where it is."""
-        scan = scan_log(data, path)
+    def _stable_scan(self, path: Path, session_id: str) -> tuple[Scan, str]:
+        """Scan the log at *path* (a chunk at a time) until its revision is the same before and
+        after: a scan that another process's append or repair overlapped is made again, as the
+        original harness reads. Return the scan and that revision.
+
+        :raises LogChangedError: if the log changed during each of several scans.
+        """
+        for _ in range(_STABLE_READS):
+            before = self._revision_of(path, session_id)
+            scan = self._scan_session(path, session_id)
+            after = self._revision_of(path, session_id)
+            if before == after:
+                return scan, after
+        raise LogChangedError(
+            f"{path} changed during each of {_STABLE_READS} reads of it; another process keeps "
+            "writing it"
+        )
+
+    def _revision_of(self, path: Path, session_id: str) -> str:
+        try:
+            return self.files.revision(path)
+        except FileNotFoundError:
+            raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
+
+    def _scan_session(self, path: Path, session_id: str, data: bytes | None = None) -> Scan:
+        """Scan the log at *path* (or its bytes *data*), refusing a log whose header names
+        another session (a copied log), or a place other than where it is."""
+        if data is not None:
+            scan = scan_log(data, path)
+        else:
+            try:
+                scan = scan_file(partial(self.files.reader, path), path)
+            except FileNotFoundError:
+                raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
         if scan.header.id != session_id:
             raise MisplacedLogError(
                 f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
