@@ -38,7 +38,9 @@ from kai_session_checkpoint_policy.persistence import (
     LiveSessionError,
     PersistenceError,
     SeqMismatchError,
+    SessionLocation,
     SessionNotFoundError,
+    SessionSnapshot,
     StoredLog,
     WriteBehind,
 )
@@ -96,6 +98,9 @@ class Kit:
     hold: Callable[[], Any]
     """A context manager that holds the next write in flight; yields a :class:`Held`."""
     closers: list[Callable[[], None]] = field(default_factory=list)
+    raw: Callable[[str], bytes] | None = None
+    """A session's artifact as written, read without the backend; ``None`` for a backend
+    without artifacts."""
 
     async def inspect(self, session_id: str) -> StoredLog:
         backend = self.make()
@@ -180,6 +185,7 @@ def jsonl_kit(tmp_path: Path) -> Kit:
         fault=OSError,
         fault_text="injected write-after-partial failure",
         hold=hold,
+        raw=lambda session_id: path(session_id).read_bytes(),
     )
 
 
@@ -668,3 +674,133 @@ async def test_a_corrupt_event_is_refused_naming_it_and_nothing_changes(kit: Kit
 
     assert len((await kit.load("intact")).repair) == 3  # one bad session hides no other
     assert kit.stored("intact")[: len(before)] == before
+
+
+# -- reads that need not load everything --------------------------------------------------------
+
+
+async def test_read_from_gives_exactly_the_stored_suffix(kit: Kit) -> None:
+    logged = crashed_in_a_tool()
+    kit.seed("crashed", logged)
+    backend = kit.make()
+    try:
+        suffix = await backend.read_from("crashed", 7)
+        assert suffix.from_seq == 7
+        assert as_json(suffix.events) == as_json(logged[7:])  # no closers: it ends open
+        assert suffix.header.id == "crashed"
+        assert suffix.revision == await backend.revision("crashed")
+        assert as_json((await backend.read_from("crashed", 0)).events) == as_json(logged)
+        for past in (len(logged), len(logged) + 5):
+            assert (await backend.read_from("crashed", past)).events == ()
+        for bad in (-1, 1.5, True, "3", None):
+            with pytest.raises(ValueError, match=r"^from_seq must be a non-negative integer, not "):
+                await backend.read_from("crashed", bad)  # type: ignore[arg-type]
+        with pytest.raises(SessionNotFoundError) as missing:
+            await backend.read_from("ghost", 0)
+        assert str(missing.value) == kit.not_found("ghost")
+    finally:
+        await backend.aclose()
+    assert kit.stored("crashed") == as_json(logged)  # nothing repaired
+
+
+async def test_locate_names_where_a_session_is_without_touching_the_store(kit: Kit) -> None:
+    backend = kit.make()
+    try:
+        assert backend.locate("s/1") == SessionLocation(kit.name, kit.location("s/1"))
+        assert backend.session_exists("s/1") is False
+        with pytest.raises(InvalidSessionIdError):
+            backend.locate("")
+        async with Host([kit.make()]) as host:
+            session = host.sessions.create("s/1")
+            session.append("turn/start", {"turn": 1})
+            await host.sessions.flush(session)
+        assert (await backend.inspect("s/1")).location == backend.locate("s/1").path
+    finally:
+        await backend.aclose()
+
+
+async def test_a_revision_is_stable_until_an_append_or_a_repair(kit: Kit) -> None:
+    kit.seed("crashed", crashed_in_a_tool())
+    kit.seed("other", events(*COMPLETE_TURN))
+    backend = kit.make()
+    try:
+        first = await backend.revision("crashed")
+        assert isinstance(first, str)
+        assert await backend.revision("crashed") == first
+        await backend.inspect("crashed")
+        await backend.read_from("crashed", 3)
+        assert await backend.revision("crashed") == first  # reads change nothing
+        repaired = await kit.load("crashed")  # the repair appends closers
+        after_repair = await backend.revision("crashed")
+        assert after_repair not in (None, first)
+        await kit.load("crashed")  # nothing left to repair
+        assert await backend.revision("crashed") == after_repair
+        async with Host([kit.make()]) as host:
+            resumed = await host.sessions.resume("crashed")
+            resumed.append("turn/start", {"turn": 3})
+            await host.sessions.flush(resumed)
+        appended = await backend.revision("crashed")
+        assert appended not in (None, first, after_repair)
+        assert len(repaired.events) == 13
+        assert await backend.revision("ghost") is None
+    finally:
+        await backend.aclose()
+
+
+async def test_list_snapshots_gives_each_stored_session_and_its_revision(kit: Kit) -> None:
+    kit.seed("b", events(*COMPLETE_TURN))
+    kit.seed("a", crashed_in_a_tool())
+    backend = kit.make()
+    try:
+        async with Host([kit.make()]) as host:
+            host.sessions.create("never-written")  # no events: not stored, not listed
+            snapshots = await backend.list_snapshots()
+        listed = {snapshot.header.id: snapshot for snapshot in snapshots}
+        assert sorted(listed) == ["a", "b"]
+        for session_id, snapshot in listed.items():
+            assert isinstance(snapshot, SessionSnapshot)
+            assert snapshot.revision == await backend.revision(session_id)
+        assert [snapshot.header for snapshot in snapshots] == await backend.list_sessions()
+        await kit.load("a")
+        again = {
+            snapshot.header.id: snapshot.revision for snapshot in await backend.list_snapshots()
+        }
+        assert again["b"] == listed["b"].revision
+        assert again["a"] != listed["a"].revision
+    finally:
+        await backend.aclose()
+
+
+async def test_read_raw_gives_the_artifact_as_written_or_is_refused(kit: Kit) -> None:
+    kit.seed("s", crashed_in_a_tool())
+    backend = kit.make()
+    try:
+        if kit.raw is None:
+            assert backend.supports_raw_artifacts is False
+            with pytest.raises(PersistenceError, match=r"does not expose raw artifacts"):
+                await backend.read_raw("s")
+            return
+        assert backend.supports_raw_artifacts is True
+        artifact = await backend.read_raw("s")
+        assert artifact is not None
+        assert artifact.content == kit.raw("s")
+        assert artifact.filename == "session.jsonl"
+        assert artifact.header.id == "s"
+        assert await backend.read_raw("ghost") is None
+    finally:
+        await backend.aclose()
+
+
+async def test_a_cancelled_listing_returns_nothing(kit: Kit) -> None:
+    kit.seed("s", events(*COMPLETE_TURN))
+    backend = kit.make()
+    try:
+        for listing in (backend.list_sessions, backend.list_snapshots, backend.scan_sessions):
+            returned: list[object] = []
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                returned.append(await listing())
+            assert scope.cancelled_caught
+            assert returned == []
+    finally:
+        await backend.aclose()

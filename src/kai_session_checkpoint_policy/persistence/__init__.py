@@ -51,10 +51,14 @@ if _typing.TYPE_CHECKING:
     from .values import (
         FORMAT_VERSION,
         PersistenceStatistics,
+        RawArtifact,
         SessionHeader,
         SessionListing,
+        SessionLocation,
         SessionProblem,
+        SessionSnapshot,
         StoredLog,
+        StoredSuffix,
     )
 
 _LAZY: _typing.Final = {
@@ -106,6 +110,10 @@ _LAZY: _typing.Final = {
     "SessionListing": ".values",
     "SessionProblem": ".values",
     "StoredLog": ".values",
+    "RawArtifact": ".values",
+    "SessionLocation": ".values",
+    "SessionSnapshot": ".values",
+    "StoredSuffix": ".values",
 }
 """Where each name of this package is defined: imported from there when first used."""
 
@@ -135,18 +143,22 @@ __all__ = [
     "PersistenceStatistics",
     "PostgresSessionPersistence",
     "PostgresStatistics",
+    "RawArtifact",
     "RecordError",
     "RecoveryRequiredError",
     "RollbackError",
     "SeqMismatchError",
     "SessionHeader",
     "SessionListing",
+    "SessionLocation",
     "SessionLockedError",
     "SessionNotFoundError",
     "SessionPersistence",
     "SessionProblem",
+    "SessionSnapshot",
     "Store",
     "StoredLog",
+    "StoredSuffix",
     "UnsupportedFormatError",
     "WriteBehind",
     "check_session_id",

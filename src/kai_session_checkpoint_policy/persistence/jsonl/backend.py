@@ -55,10 +55,15 @@ from ..ids import NO_CWD, earlier_directory, encode_session_id, project_director
 from ..repair import repair_of
 from ..values import (
     PersistenceStatistics,
+    RawArtifact,
     SessionHeader,
     SessionListing,
+    SessionLocation,
     SessionProblem,
+    SessionSnapshot,
     StoredLog,
+    StoredSuffix,
+    check_from_seq,
 )
 from ..workers import loop_is_idle
 from .files import LockedError, OsFiles
@@ -70,6 +75,7 @@ from .format import (
     Compression,
     Scan,
     compress_frame,
+    decode_artifact,
     encode_events,
     encode_header,
     read_header,
@@ -725,6 +731,103 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         scan, repair = await anyio.to_thread.run_sync(self._read_log, found.path, session_id)
         await checkpoint_if_cancelled()
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
+
+    supports_raw_artifacts: Final = True
+    """Whether :meth:`read_raw` gives a session's artifact (it does)."""
+
+    def locate(self, session_id: str, cwd: str | None = None) -> SessionLocation:
+        """Where the log of *session_id* (with working directory *cwd*) is, or would be
+        created, in the compression this backend writes; no I/O (it may not exist).
+
+        :raises InvalidSessionIdError: if the id (or *cwd*) cannot be stored.
+        """
+        directory = self.root / project_directory(cwd) / encode_session_id(session_id)
+        name = ZSTD_LOG_NAME if self.compression == "zstd" else LOG_NAME
+        return SessionLocation("jsonl", str(directory / name))
+
+    async def revision(self, session_id: str) -> str | None:
+        """The revision of the stored log of *session_id* (``None`` if there is none), from
+        its file's metadata, without reading it: ``dev:ino:size:mtime:ctime``."""
+        return await anyio.to_thread.run_sync(self._revision_if_any, session_id)
+
+    def _revision_if_any(self, session_id: str) -> str | None:
+        found = self._find(session_id)
+        if found is None:
+            return None
+        try:
+            return self.files.revision(found.path)
+        except FileNotFoundError:
+            return None
+
+    async def list_snapshots(self) -> list[SessionSnapshot]:
+        """The header and revision of each intact session under the root, oldest first; each
+        log's header alone is read. A session that cannot be listed is left out, with a
+        warning, as :meth:`list_sessions` leaves it out."""
+
+        def snapshots() -> list[SessionSnapshot]:
+            listing = self._scan_sessions()
+            for problem in listing.problems:
+                logger.warning(
+                    "session %s left out of the listing: %s", problem.directory, problem.error
+                )
+            found = []
+            for header, log in zip(listing.headers, listing.logs, strict=True):
+                try:
+                    found.append(SessionSnapshot(header, self.files.revision(log)))
+                except FileNotFoundError:
+                    continue  # removed since its header was read
+            return found
+
+        listed = await anyio.to_thread.run_sync(snapshots)
+        await checkpoint_if_cancelled()
+        return listed
+
+    async def read_from(self, session_id: str, from_seq: int) -> StoredSuffix:
+        """The stored events of *session_id* from seq *from_seq* on, exactly as stored: no
+        closers, nothing cut (a torn tail is left out, as :meth:`inspect` leaves it out). A
+        *from_seq* at or past the end gives no events. The log is read a chunk at a time, again
+        if it changed meanwhile.
+
+        :raises ValueError: if *from_seq* is not a non-negative integer.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError: as
+            :meth:`inspect`.
+        """
+        check_from_seq(from_seq)
+        found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
+        scan, revision = await anyio.to_thread.run_sync(self._stable_scan, found.path, session_id)
+        await checkpoint_if_cancelled()
+        return StoredSuffix(scan.header, from_seq, scan.events[from_seq:], revision)
+
+    async def read_raw(self, session_id: str) -> RawArtifact | None:
+        """The log of *session_id* as written, decompressed if it is compressed (``None`` if
+        there is none): its header line, then its records, packed rows as packed.
+
+        :raises CorruptLogError: if a whole frame of a compressed log is damaged.
+        """
+
+        def read() -> RawArtifact | None:
+            found = self._find(session_id)
+            if found is None:
+                return None
+            for _ in range(_STABLE_READS):
+                try:
+                    before = self.files.revision(found.path)
+                    data = self.files.read(found.path)
+                    after = self.files.revision(found.path)
+                except FileNotFoundError:
+                    return None
+                if before == after:
+                    header = read_header(data, found.path)
+                    self._expected_log(header, found.path)
+                    return RawArtifact(header, LOG_NAME, decode_artifact(data, found.path))
+            raise LogChangedError(
+                f"{found.path} changed during each of {_STABLE_READS} reads of it; another "
+                "process keeps writing it"
+            )
+
+        artifact = await anyio.to_thread.run_sync(read)
+        await checkpoint_if_cancelled()
+        return artifact
 
     async def load(self, session_id: str) -> StoredLog:
         """Read a log with recovery: cut a torn tail (kept beside the log), close an open turn.

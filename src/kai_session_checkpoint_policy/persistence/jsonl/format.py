@@ -94,6 +94,7 @@ __all__ = [
     "Read",
     "Scan",
     "compress_frame",
+    "decode_artifact",
     "encode_events",
     "encode_header",
     "log_name",
@@ -782,6 +783,31 @@ def _read_salvage(reader: _Reader, text: bytes) -> int:
             break
         offset = end + 1
     return len(reader.events) - count
+
+
+def decode_artifact(data: bytes, path: Path) -> bytes:
+    """The text of the log *data* read from *path*, as written: the bytes themselves, or, for
+    a compressed log, its whole frames decompressed (and the text that a torn final frame's
+    complete blocks hold).
+
+    :raises CorruptLogError: if a whole frame fails its checksum, or is no frame of a log.
+    """
+    if not path.name.endswith(".zstd"):
+        return data
+    texts: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        end = _frame_end(data, offset)
+        if end is None:
+            texts.append(_salvage(data[offset:]))
+            break
+        text = _decompress(data[offset:end]) if isinstance(end, int) else None
+        if not isinstance(end, int) or text is None:
+            problem = end if isinstance(end, str) else "the frame fails its checksum"
+            raise CorruptLogError(path, None, problem, byte=offset)
+        texts.append(text)
+        offset = end
+    return b"".join(texts)
 
 
 def read_header(head: bytes, path: Path) -> SessionHeader:
