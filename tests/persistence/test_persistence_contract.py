@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import anyio.lowlevel
@@ -42,7 +42,6 @@ from kai_session_checkpoint_policy.persistence import (
     SessionNotFoundError,
     SessionSnapshot,
     StoredLog,
-    WriteBehind,
 )
 
 from ..support.paying import paying_host, result_text
@@ -58,6 +57,11 @@ from ..support.persistence_helpers import (
     tool_call,
     write_log,
 )
+
+if TYPE_CHECKING:
+    from kai_session_checkpoint_policy.persistence import PostgresSessionPersistence
+
+Backend: TypeAlias = "JsonlSessionPersistence | PostgresSessionPersistence"
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +79,7 @@ class Kit:
     """One backend under the contract, and a view of its store from outside."""
 
     name: str
-    make: Callable[..., WriteBehind[Any]]
+    make: Callable[..., Backend]
     """A new backend on the store: ``make(batch_window=60)``."""
     seed: Callable[[str, Sequence[SessionEvent]], None]
     """Store a log as a writer that crashed (and whose lock or lease is gone) left it."""
