@@ -571,6 +571,17 @@ class StoredEvents(EventSequence):
         self._times.extend(times)
         self._items += items
 
+    def replace(self, event: SessionEvent) -> None:
+        """Put *event* in place of the stored event with its seq (a reader converting an older
+        record; the type may change with it).
+
+        :raises IndexError: if there is no event with that seq.
+        """
+        self._event(event.seq)  # a packed row's members are made first, each in its place
+        self._types[event.seq] = event.type
+        self._times[event.seq] = event.time
+        self._items[event.seq] = event
+
     def copy(self) -> StoredEvents:
         """A copy that can be extended on its own; events already made are shared."""
         copy = StoredEvents()

@@ -31,6 +31,7 @@ from kai_session_checkpoint_policy import (
     SessionExistsError,
     policy,
 )
+from kai_session_checkpoint_policy.events import JSON, JSONObject, SurfaceOp, SurfaceReplace
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
@@ -47,6 +48,7 @@ from kai_session_checkpoint_policy.persistence import (
 from ..support.paying import paying_host, result_text
 from ..support.persistence_helpers import (
     COMPLETE_TURN,
+    T0,
     FailingFiles,
     GatedFiles,
     assistant,
@@ -808,3 +810,182 @@ async def test_a_cancelled_listing_returns_nothing(kit: Kit) -> None:
             assert returned == []
     finally:
         await backend.aclose()
+
+
+# -- older records of format version 0 ----------------------------------------------------------
+
+
+def older(*records: tuple[str, JSONObject, SurfaceOp | None]) -> list[SessionEvent]:
+    """Events as an older release of the original harness wrote them: shapes of their own."""
+    return [
+        SessionEvent(event_type, seq, T0 + seq, data, None, surface)
+        for seq, (event_type, data, surface) in enumerate(records)
+    ]
+
+
+TEXT: JSONObject = {"type": "text", "text": "hi"}
+
+
+def before_identities() -> list[SessionEvent]:
+    return older(
+        ("turn/start", {"turn": 1}, None),
+        ("step/start", {"turn": 1, "step": 1}, None),
+        ("user/message", {"content": [TEXT], "source": {"kind": "prompt"}}, "append"),
+        (
+            "assistant/message",
+            {
+                "turn": 1,
+                "step": 1,
+                "content": [TEXT],
+                "provenance": {"provider": "p", "model": "m"},
+            },
+            "append",
+        ),
+        (
+            "tool/result",
+            {"turn": 1, "step": 1, "callId": "c1", "content": [TEXT], "isError": False},
+            "append",
+        ),
+        (
+            "tool/result",
+            {"turn": 1, "step": 1, "callId": "c1", "content": [], "isError": True},
+            SurfaceReplace(4, 4),
+        ),
+        ("step/end", {"turn": 1, "step": 1}, None),
+        ("turn/end", {"turn": 1, "reason": {"kind": "completed"}}, None),
+    )
+
+
+def tool_message(message_id: str, content: list[JSON], is_error: bool) -> JSONObject:
+    block: JSONObject = {
+        "type": "tool-result",
+        "toolCallId": "c1",
+        "content": content,
+        "isError": is_error,
+    }
+    return {
+        "id": message_id,
+        "role": "user",
+        "content": [block],
+        "source": {"kind": "tool", "callId": "c1"},
+    }
+
+
+async def test_messages_from_before_message_identities_are_read_with_ids(kit: Kit) -> None:
+    logged = before_identities()
+    kit.seed("old", logged)
+    stored = kit.stored("old")
+
+    for read in (kit.inspect, kit.load):
+        log = await read("old")
+        assert log.repair == ()
+        assert [item.data for item in log.events[2:6]] == [
+            {
+                "content": [TEXT],
+                "source": {"kind": "prompt"},
+                "id": "legacy-message:old:2",
+                "role": "user",
+            },
+            {
+                "turn": 1,
+                "step": 1,
+                "message": {
+                    "id": "legacy-message:old:3",
+                    "role": "assistant",
+                    "content": [TEXT],
+                    "source": {"provider": "p", "model": "m", "kind": "model"},
+                },
+            },
+            {"turn": 1, "step": 1, "message": tool_message("legacy-message:old:4", [TEXT], False)},
+            {"turn": 1, "step": 1, "message": tool_message("legacy-message:old:4", [], True)},
+        ]
+        assert log.events[5].surface_op == SurfaceReplace(4, 4)
+    backend = kit.make()
+    try:
+        suffix = await backend.read_from("old", 5)  # the replacement takes an earlier id
+        assert suffix.events[0].data["message"] == tool_message("legacy-message:old:4", [], True)
+        assert [item.type for item in suffix.events] == ["tool/result", "step/end", "turn/end"]
+    finally:
+        await backend.aclose()
+    assert kit.stored("old") == stored  # read as current events; never rewritten
+
+
+async def test_a_log_from_before_the_react_loop_is_read(kit: Kit) -> None:
+    steering: JSONObject = {"turn": 1, "content": [TEXT], "source": {"kind": "steering"}}
+    wrapped: JSONObject = {"id": "m-9", "role": "user", "content": [], "source": {"kind": "x"}}
+    logged = older(
+        ("turn/start", {"turn": 1, "trigger": {"kind": "user"}}, None),
+        ("steering/message", steering, "append"),
+        ("steering/message", {"turn": 1, "message": wrapped}, "append"),
+        ("turn/end", {"turn": 1, "reason": {"kind": "disposed"}}, None),
+        ("turn/start", {"turn": 2, "trigger": {"kind": "user"}}, None),
+        ("turn/end", {"turn": 2, "reason": {"kind": "aborted"}}, None),
+        ("turn/start", {"turn": 3}, None),
+        ("turn/end", {"turn": 3, "reason": {"kind": "error", "step": 1, "message": "x"}}, None),
+    )
+    kit.seed("react", logged)
+
+    log = await kit.load("react")
+
+    assert [(item.type, item.data) for item in log.events] == [
+        ("turn/start", {"turn": 1}),
+        (
+            "user/message",
+            {
+                "content": [TEXT],
+                "source": {"kind": "steering"},
+                "id": "legacy-message:react:1",
+                "role": "user",
+            },
+        ),
+        ("user/message", wrapped),
+        ("turn/end", {"turn": 1, "reason": {"kind": "aborted", "reason": {"kind": "disposed"}}}),
+        ("turn/start", {"turn": 2}),
+        ("turn/end", {"turn": 2, "reason": {"kind": "aborted", "reason": {"kind": "legacy"}}}),
+        ("turn/start", {"turn": 3}),
+        (
+            "turn/end",
+            {"turn": 3, "reason": {"kind": "error", "error": {"message": "x", "code": "UNKNOWN"}}},
+        ),
+    ]
+    assert log.repair == ()
+    assert log.events[1].surface_op == "append"
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        (
+            ("request/header", {"header": {"config": {}}, "reason": "fallback"}, None),
+            'the retired request/header reason "fallback"',
+        ),
+        (
+            ("steering/message", {"turn": 1, "text": "hi"}, "append"),
+            "a malformed steering/message from before the react loop",
+        ),
+        (
+            ("turn/start", {"turn": 1, "trigger": "user"}, None),
+            "a malformed turn/start from before the react loop",
+        ),
+        (
+            ("turn/end", {"turn": 1, "reason": {"kind": "disposed", "by": "x"}}, None),
+            "a malformed turn/end from before the react loop",
+        ),
+    ],
+    ids=["fallback", "steering", "turn-start", "turn-end"],
+)
+async def test_a_retired_or_malformed_older_record_is_refused_naming_it(
+    kit: Kit, record: tuple[str, JSONObject, SurfaceOp | None], problem: str
+) -> None:
+    logged = older(("turn/start", {"turn": 1}, None), record)
+    if record[0] == "turn/start":
+        logged = older(record)
+    kit.seed("bad", logged)
+    seq = len(logged) - 1
+    for read in (kit.inspect, kit.load):
+        with pytest.raises(CorruptLogError) as refused:
+            await read("bad")
+        assert (
+            str(refused.value) == f"corrupt session log {kit.location('bad')}, seq {seq}: {problem}"
+        )
+    assert kit.stored("bad") == as_json(logged)

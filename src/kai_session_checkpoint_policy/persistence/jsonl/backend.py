@@ -26,7 +26,7 @@ import math
 import resource
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from os import scandir as os_scandir
 from pathlib import Path
@@ -52,6 +52,7 @@ from ..errors import (
     SessionNotFoundError,
 )
 from ..ids import NO_CWD, earlier_directory, encode_session_id, project_directory
+from ..legacy import LegacyRecordError, upgrade_events
 from ..repair import repair_of
 from ..values import (
     PersistenceStatistics,
@@ -962,7 +963,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         tail_cut = bool(scan.torn) or bool(kept)
         if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
             # The last copy kept at this offset holds the bytes the last cut there removed.
-            scan = salvage(scan, self.files.read(kept[-1]), path)
+            scan = _upgraded(salvage(scan, self.files.read(kept[-1]), path), path, session_id)
         return scan, repair_of(scan.events, partial(_corrupt_data, path), tail_cut=tail_cut)
 
     def _keep_torn(self, path: Path, offset: int, torn: bytes) -> None:
@@ -1049,7 +1050,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             scan = self._scan_session(path, session_id)
             after = self._revision_of(path, session_id)
             if before == after:
-                return scan, after
+                return _upgraded(scan, path, session_id), after
         raise LogChangedError(
             f"{path} changed during each of {_STABLE_READS} reads of it; another process keeps "
             "writing it"
@@ -1078,6 +1079,18 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             )
         self._expected_log(scan.header, path)
         return scan
+
+
+def _upgraded(scan: Scan, path: Path, session_id: str) -> Scan:
+    """*scan* with its older records converted (:mod:`..legacy`).
+
+    :raises CorruptLogError: naming an older record that is malformed or retired.
+    """
+    try:
+        events = upgrade_events(scan.events, session_id)
+    except LegacyRecordError as error:
+        raise CorruptLogError(path, None, error.problem, seq=error.seq) from None
+    return scan if events is scan.events else replace(scan, events=events)
 
 
 def _header_bytes(header: SessionHeader, compression: Compression) -> bytes:

@@ -56,6 +56,7 @@ from ..errors import (
     PersistenceError,
     UnsupportedFormatError,
 )
+from ..legacy import LegacyRecordError, upgrade_events, upgrade_suffix
 from ..options import check_seconds
 from ..records import RecordError, collector_paused, decode_event, decode_run
 from ..repair import repair_of
@@ -475,9 +476,18 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             partial(self.store.read_suffix, session_id, from_seq)
         )
         location = self._location_of(session_id)
-        events = tuple(_decode_each(records, from_seq, location))
+        events: Sequence[SessionEvent] = _decode_each(records, from_seq, location)
+        try:
+            upgraded = upgrade_suffix(events, session_id, from_seq)
+        except LegacyRecordError as error:
+            raise CorruptRecordError(location, error.seq, error.problem) from None
+        if upgraded is None:  # an older record needs an earlier one: read the whole log
+            header, whole = await run_in_worker(partial(self._read, self.store, session_id))
+            count, events = len(whole), whole[from_seq:]
+        else:
+            events = upgraded
         await checkpoint_if_cancelled()
-        return StoredSuffix(header, from_seq, events, _revision(count))
+        return StoredSuffix(header, from_seq, tuple(events), _revision(count))
 
     async def read_raw(self, session_id: str) -> RawArtifact | None:
         """Refused: a database stores rows, not an artifact (:attr:`supports_raw_artifacts`).
@@ -542,4 +552,8 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         ) -> tuple[SessionHeader, StoredEvents]:
             return header, _decode_records(records, location)
 
-        return store.read_with(session_id, decode)
+        header, events = store.read_with(session_id, decode)
+        try:
+            return header, upgrade_events(events, session_id)
+        except LegacyRecordError as error:
+            raise CorruptRecordError(location, error.seq, error.problem) from None
