@@ -319,7 +319,7 @@ async def test_resume_continues_a_stored_session_and_open_picks_resume_or_create
     tmp_path: Path,
 ) -> None:
     write_log(tmp_path, "stored", log_bytes("stored", events(*COMPLETE_TURN)))
-    async with Host([JsonlSessionPersistence(tmp_path)]) as host:
+    async with Host([JsonlSessionPersistence(tmp_path, compression="none")]) as host:
         resumed = await host.sessions.open("stored")
         assert [event.type for event in resumed.events] == [t for t, _ in COMPLETE_TURN]
         assert host.sessions.get("stored") is resumed

@@ -42,6 +42,7 @@ from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, Writer
 from ..errors import (
     CorruptLogError,
     DuplicateLogError,
+    EncodingMismatchError,
     InvalidSessionIdError,
     LogChangedError,
     MisplacedLogError,
@@ -50,6 +51,7 @@ from ..errors import (
     RollbackError,
     SessionLockedError,
     SessionNotFoundError,
+    UnsupportedFormatError,
 )
 from ..ids import NO_CWD, earlier_directory, encode_session_id, project_directory
 from ..legacy import LegacyRecordError, upgrade_events
@@ -253,6 +255,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self._recovered: OrderedDict[str, tuple[Path, int, int]] = OrderedDict()
         self._held: OrderedDict[str, _Log] = OrderedDict()  # their locked logs, in a host
         self._recovered_lock = threading.Lock()  # recoveries run in worker threads
+        self._encoding_checked = False  # whether the root holds no log of the other encoding
 
     def __repr__(self) -> str:
         return f"<JsonlSessionPersistence root={str(self.root)!r}>"
@@ -339,7 +342,41 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             _refuse_link(earlier)
         if _is_earlier_log(earlier / LOG_NAME):
             return _Found(earlier / LOG_NAME, earlier=True)
+        encoded = encode_session_id(session_id)
+        for project in (NO_CWD, *self._project_directories()):
+            for name in (f"{encoded}.jsonl", f"{encoded}.jsonl.zstd"):
+                if _exists(self.root / project / name):
+                    raise _flat_file(self.root / project / name)
         return None
+
+    def _check_root_encoding(self) -> None:
+        """Refuse to add a log to a root that holds logs in the other encoding, as the original
+        harness refuses (it then refuses the whole root): checked once, before the first log
+        this backend creates.
+
+        :raises EncodingMismatchError: naming a log in the other encoding.
+        """
+        if self._encoding_checked:
+            return
+        other = LOG_NAME if self.compression == "zstd" else ZSTD_LOG_NAME
+        for project in {NO_CWD, *self._project_directories()}:
+            try:
+                with os_scandir(self.root / project) as entries:
+                    sessions = [
+                        entry.path for entry in entries if entry.is_dir(follow_symlinks=False)
+                    ]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for directory in sorted(sessions):
+                log = Path(directory) / other
+                if _exists(log):
+                    raise EncodingMismatchError(
+                        f"{log} is a {'plain' if other == LOG_NAME else 'compressed'} log, and "
+                        f"this backend writes compression {self.compression!r}: a root holds "
+                        "logs in one encoding (the original harness refuses a root with both); "
+                        "use another root, or the compression of the logs it holds"
+                    )
+        self._encoding_checked = True
 
     def _project_directories(self) -> list[str]:
         """The names of the directories under the root that may hold sessions with a cwd."""
@@ -538,6 +575,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 f"{found.path}; load it with recovery first, which converts it"
             )
         if found is None:
+            self._check_root_encoding()
             directory = self._session_directory(NO_CWD, session_id)
             path = directory / ZSTD_LOG_NAME if self.compression == "zstd" else directory / LOG_NAME
         else:
@@ -1004,6 +1042,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 try:
                     if directory.is_symlink():
                         _refuse_link(directory)
+                    if directory.name.endswith((".jsonl", ".jsonl.zstd")) and not (
+                        directory.is_dir()
+                    ):
+                        raise _flat_file(directory)
                     listed = self._log_in(directory) if directory.is_dir() else None
                     if listed is None:
                         continue  # not a session, or one whose log was never published
@@ -1097,6 +1139,14 @@ def _header_bytes(header: SessionHeader, compression: Compression) -> bytes:
     """The header record: a line, or a frame of its own in a compressed log."""
     line = encode_header(header)
     return compress_frame(line) if compression == "zstd" else line
+
+
+def _flat_file(path: Path) -> UnsupportedFormatError:
+    return UnsupportedFormatError(
+        f"{path} is a session log in the obsolete flat-file layout (<project>/<id>.jsonl); "
+        "a log is read only from its session's directory (<project>/<id>/session.jsonl): move "
+        "it there, or use another root"
+    )
 
 
 def _refuse_link(directory: Path) -> NoReturn:

@@ -170,13 +170,19 @@ def encode_header(header: SessionHeader) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
+def _header_int(text: str) -> int | float:
+    """An integer of the header; ``-0`` is read as the float it is in JavaScript, so that a
+    field that must be an integer refuses it, as the original harness refuses it."""
+    return -0.0 if text == "-0" else int(text)
+
+
 def _not_a_session_log(path: Path, why: str) -> NoReturn:
     raise UnsupportedFormatError(f"{path} is not a session log: {why}")
 
 
 def _decode_header(line: bytes, path: Path, *, fresh_stack: bool) -> SessionHeader:
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_int=_header_int)
     except ValueError:
         raise CorruptLogError(path, 1, "the header line is not valid JSON") from None
     except RecursionError:
