@@ -19,12 +19,13 @@ the retired ``fallback``, and a malformed older record (:class:`LegacyRecordErro
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Final, cast
 
 from ..events import JSON, JSONObject, SessionEvent, SurfaceReplace
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from ..events import StoredEvents
 
@@ -119,20 +120,53 @@ class _NeedsPrefix(Exception):
 def _upgraded(
     events: Iterable[SessionEvent], session_id: str, first: int
 ) -> list[SessionEvent] | None:
-    """The converted events of *events* (those that changed), from seq *first* on."""
-    message_ids: dict[int, str] = {}
-    upgraded: list[SessionEvent] = []
+    """The converted events of *events* (those that changed), from seq *first* on.
+
+    An event whose stored text shows the current shape is not decoded (:func:`_maybe_older`).
+    """
+    upgraded: dict[int, SessionEvent] = {}
+    looked_at: dict[int, SessionEvent] = {}
     try:
         for event in events:
-            current = _upgrade(event, session_id, message_ids, first)
+            looked_at[event.seq] = event
+            if not _maybe_older(event):
+                continue
+            current = _upgrade(event, session_id, partial(_id_at, upgraded, looked_at, first))
             if current is not event:
-                upgraded.append(current)
-            message_id = _message_id(current)
-            if message_id is not None:
-                message_ids[current.seq] = message_id
+                upgraded[event.seq] = current
     except _NeedsPrefix:
         return None
-    return upgraded
+    return list(upgraded.values())
+
+
+def _id_at(
+    upgraded: dict[int, SessionEvent], looked_at: dict[int, SessionEvent], first: int, seq: int
+) -> str | None:
+    """The message id of the event at *seq*, as converted."""
+    if seq < first:
+        raise _NeedsPrefix
+    event = upgraded.get(seq, looked_at.get(seq))
+    return None if event is None else _message_id(event)
+
+
+_CURRENT_MARKS: Final = {
+    "turn/start": lambda text: '"trigger"' not in text,
+    "turn/end": lambda text: not ('"disposed"' in text or '"aborted"' in text or '"error"' in text),
+    "request/header": lambda text: '"fallback"' not in text,
+    "user/message": lambda text: '"role"' in text,
+    "assistant/message": lambda text: '"provenance"' not in text,
+    "tool/result": lambda text: '"message":' in text,
+}
+"""For each type, a test of an event's stored text that holds for every event of the current
+shape, and fails for an older one (unless a string value in it is exactly the key tested): the
+events it passes are not decoded, so that reading a long log decodes almost none."""
+
+
+def _maybe_older(event: SessionEvent) -> bool:
+    """Whether *event* may hold an older record (decode it to find out)."""
+    text = event.data_json
+    current = _CURRENT_MARKS.get(event.type)
+    return text is None or current is None or not current(text)
 
 
 def _message_id(event: SessionEvent) -> str | None:
@@ -145,7 +179,7 @@ def _message_id(event: SessionEvent) -> str | None:
 
 
 def _upgrade(
-    event: SessionEvent, session_id: str, message_ids: dict[int, str], first: int
+    event: SessionEvent, session_id: str, id_at: Callable[[int], str | None]
 ) -> SessionEvent:
     seq, data = event.seq, event.data
     if event.type == "request/header" and data.get("reason") == "fallback":
@@ -156,7 +190,7 @@ def _upgrade(
         return _turn_end(event)
     if event.type == "steering/message":
         return _steering(event, session_id)
-    return _message(event, session_id, message_ids, first)
+    return _message(event, session_id, id_at)
 
 
 def _replaced(event: SessionEvent, event_type: str, data: JSONObject) -> SessionEvent:
@@ -269,7 +303,7 @@ def _steering(event: SessionEvent, session_id: str) -> SessionEvent:
 
 
 def _message(
-    event: SessionEvent, session_id: str, message_ids: dict[int, str], first: int
+    event: SessionEvent, session_id: str, id_at: Callable[[int], str | None]
 ) -> SessionEvent:
     data = event.data
     minted = legacy_message_id(session_id, event.seq)
@@ -295,9 +329,7 @@ def _message(
         key: value for key, value in data.items() if key not in ("callId", "content", "isError")
     }
     op = event.surface_op
-    inherited = message_ids.get(op.start) if isinstance(op, SurfaceReplace) else None
-    if isinstance(op, SurfaceReplace) and op.start < first:
-        raise _NeedsPrefix
+    inherited = id_at(op.start) if isinstance(op, SurfaceReplace) else None
     block: JSONObject = {
         "type": "tool-result",
         "toolCallId": data["callId"],
