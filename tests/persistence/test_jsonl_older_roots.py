@@ -6,8 +6,13 @@ header line, and an event a reader may skip whose data is not an object.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import pytest
 
 from kai_session_checkpoint_policy import Host
@@ -16,6 +21,8 @@ from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     EncodingMismatchError,
     JsonlSessionPersistence,
+    LogChangedError,
+    OsFiles,
     UnsupportedFormatError,
 )
 from kai_session_checkpoint_policy.persistence.ids import NO_CWD, encode_session_id
@@ -119,3 +126,90 @@ def test_an_ignorable_event_of_an_unknown_type_with_null_data_is_read_and_skippe
     read = scan_log(HEADER + EVENT + known, Path("/logs/session.jsonl")).events[1]
     with pytest.raises(StoredDataError, match=r"not a JSON object"):
         _ = read.data
+
+
+class AppendingFiles(OsFiles):
+    """Real files where another writer appends a batch while each of the next reads runs."""
+
+    def __init__(self, log: Path, batches: list[bytes]) -> None:
+        super().__init__()
+        self.log, self.batches, self.reads = log, batches, 0
+
+    @contextlib.contextmanager
+    def reader(self, path: Path) -> Iterator[Callable[[int], bytes]]:
+        self.reads += 1
+        with super().reader(path) as read:
+            if self.batches:
+                with self.log.open("ab") as log:  # the other writer's append, mid-read
+                    log.write(self.batches.pop(0))
+            yield read
+
+
+def appended(first: int, count: int) -> list[bytes]:
+    return [
+        (f'{{"type":"note","seq":{seq},"time":{seq},"data":{{}},"ignorable":true}}\n').encode()
+        for seq in range(first, first + count)
+    ]
+
+
+async def test_a_read_is_made_again_until_the_revision_before_and_after_agree(
+    tmp_path: Path,
+) -> None:
+    path = write_log(tmp_path, "s", log_bytes("s", events(*COMPLETE_TURN)))
+    files = AppendingFiles(path, appended(6, 2))
+    backend = JsonlSessionPersistence(tmp_path, compression="none", files=files)
+
+    suffix = await backend.read_from("s", 5)
+
+    assert files.reads == 3  # two reads overlapped an append; the third did not
+    assert [event.seq for event in suffix.events] == [5, 6, 7]
+    assert suffix.revision == files.revision(path) == await backend.revision("s")
+
+
+async def test_a_log_that_changes_during_every_read_is_refused(tmp_path: Path) -> None:
+    path = write_log(tmp_path, "s", log_bytes("s", events(*COMPLETE_TURN)))
+    files = AppendingFiles(path, appended(6, 16))
+    backend = JsonlSessionPersistence(tmp_path, compression="none", files=files)
+    with pytest.raises(LogChangedError) as refused:
+        await backend.inspect("s")
+    assert str(refused.value) == (
+        f"{path} changed during each of 16 reads of it; another process keeps writing it"
+    )
+    assert files.reads == 16
+
+
+class HeldHeads(OsFiles):
+    """Real files whose header reads wait, the first time, until :attr:`release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def read_head(self, path: Path, limit: int = 1 << 16) -> bytes:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(10), "never released"
+        return super().read_head(path, limit)
+
+
+async def cancel_once_reading(files: HeldHeads, scope: anyio.CancelScope) -> None:
+    await anyio.to_thread.run_sync(files.entered.wait)
+    scope.cancel()
+    files.release.set()
+
+
+@pytest.mark.parametrize("name", ["list_sessions", "list_snapshots", "scan_sessions"])
+async def test_a_listing_cancelled_while_it_reads_returns_nothing(
+    tmp_path: Path, name: str
+) -> None:
+    write_log(tmp_path, "s", log_bytes("s", events(*COMPLETE_TURN)))
+    files = HeldHeads()
+    backend = JsonlSessionPersistence(tmp_path, files=files)
+    returned: list[object] = []
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(cancel_once_reading, files, scope)
+            returned.append(await getattr(backend, name)())
+    assert scope.cancelled_caught
+    assert returned == []
+    assert files.release.is_set()
