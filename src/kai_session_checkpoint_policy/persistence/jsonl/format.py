@@ -489,7 +489,7 @@ class _Reader:
 
 
 def _scan_plain(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
-    while (end := source.buffer.find(b"\n")) < 0 and source.more(0):
+    while (end := source.buffer.find(b"\n")) < 0 and source.more(0, 2 * len(source.buffer)):
         pass  # the header line, split across chunks
     if source.buffer.startswith(_ZSTD_MAGIC):
         _not_a_session_log(path, "it holds Zstandard data (a compressed log ends in .zstd)")
@@ -526,7 +526,8 @@ def _scan_plain(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
                 committed = base + offset
             line_number += 1
         source.pos = offset
-        if not source.more(committed - base):  # a torn tail, or damage, is kept whole
+        kept = committed - base  # a line cut by the chunk's end; a torn tail or damage, whole
+        if not source.more(kept, at_least=2 * (len(data) - kept)):
             break
     return Scan(header, reader.events, committed, source.buffer[committed - source.base :])
 
