@@ -26,7 +26,7 @@ from kai_session_checkpoint_policy.persistence import (
     UnsupportedFormatError,
 )
 from kai_session_checkpoint_policy.persistence.ids import NO_CWD, encode_session_id
-from kai_session_checkpoint_policy.persistence.jsonl.format import scan_log
+from kai_session_checkpoint_policy.persistence.jsonl.format import compress_frame, scan_log
 
 from ..support.persistence_helpers import COMPLETE_TURN, events, log_bytes, log_path, write_log
 
@@ -213,3 +213,20 @@ async def test_a_listing_cancelled_while_it_reads_returns_nothing(
     assert scope.cancelled_caught
     assert returned == []
     assert files.release.is_set()
+
+
+async def test_read_raw_of_a_compressed_log_is_its_text_as_written(tmp_path: Path) -> None:
+    text = log_bytes("s", events(*COMPLETE_TURN))
+    path = write_log(tmp_path, "s", text, compression="zstd")
+    backend = JsonlSessionPersistence(tmp_path)
+    artifact = await backend.read_raw("s")
+    assert artifact is not None
+    assert (artifact.filename, artifact.content) == ("session.jsonl", text)
+    assert backend.locate("s").path == str(path)
+    with path.open("ab") as log:  # a torn final frame: its complete blocks' text, as salvaged
+        log.write(
+            compress_frame(b'{"type":"turn/start","seq":6,"time":7,"data":{"turn":2}}\n')[:-4]
+        )
+    torn = await backend.read_raw("s")
+    assert torn is not None
+    assert torn.content.startswith(text)
