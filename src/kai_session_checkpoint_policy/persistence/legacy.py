@@ -82,11 +82,12 @@ def _is_turn(value: object) -> bool:
 def upgrade_events(events: StoredEvents, session_id: str) -> StoredEvents:
     """*events* with their older records converted (the same object if none is older).
 
-    Only the events of the types that had older shapes are read to find out.
+    Only the events of the types that had older shapes are looked at, and of those only the
+    ones whose stored text may hold an older shape are made and decoded.
 
     :raises LegacyRecordError: naming the first older record that is malformed or retired.
     """
-    upgraded = _upgraded(events.select(_LOOKED_AT), session_id, 0)
+    upgraded = _upgraded(events.stored_data(_LOOKED_AT), events.__getitem__, session_id, 0)
     assert upgraded is not None  # a log from seq 0 holds every message a result replaces
     if not upgraded:
         return events
@@ -105,12 +106,13 @@ def upgrade_suffix(
 
     :raises LegacyRecordError: as :func:`upgrade_events`.
     """
-    looked_at = [event for event in events if event.type in _LOOKED_AT]
-    upgraded = _upgraded(looked_at, session_id, from_seq)
+    by_seq = {event.seq: event for event in events}
+    candidates = [(event.seq, event.type, None) for event in events if event.type in _LOOKED_AT]
+    upgraded = _upgraded(candidates, by_seq.__getitem__, session_id, from_seq)
     if upgraded is None:
         return None
-    by_seq = {event.seq: event for event in upgraded}
-    return [by_seq.get(event.seq, event) for event in events]
+    by_seq.update((event.seq, event) for event in upgraded)
+    return list(by_seq.values())
 
 
 class _NeedsPrefix(Exception):
@@ -118,55 +120,66 @@ class _NeedsPrefix(Exception):
 
 
 def _upgraded(
-    events: Iterable[SessionEvent], session_id: str, first: int
+    candidates: Iterable[tuple[int, str, bytes | None]],
+    event_at: Callable[[int], SessionEvent],
+    session_id: str,
+    first: int,
 ) -> list[SessionEvent] | None:
-    """The converted events of *events* (those that changed), from seq *first* on.
+    """The converted events (those that changed) of the *candidates* (seq, type, and stored
+    data text if known), from seq *first* on; *event_at* gives an event by its seq.
 
-    An event whose stored text shows the current shape is not decoded (:func:`_maybe_older`).
+    An event whose stored text shows the current shape is not made (:data:`_CURRENT_MARKS`).
     """
     upgraded: dict[int, SessionEvent] = {}
-    looked_at: dict[int, SessionEvent] = {}
+    id_at = partial(_id_at, upgraded, event_at, first)
     try:
-        for event in events:
-            looked_at[event.seq] = event
-            if not _maybe_older(event):
+        for seq, event_type, text in candidates:
+            current_mark = _CURRENT_MARKS.get(event_type)
+            if text is None:
+                known = event_at(seq).data_json
+                text = None if known is None else known.encode("utf-8", "surrogatepass")
+            if current_mark is not None and text is not None and current_mark(text):
                 continue
-            current = _upgrade(event, session_id, partial(_id_at, upgraded, looked_at, first))
+            event = event_at(seq)
+            current = _upgrade(event, session_id, id_at)
             if current is not event:
-                upgraded[event.seq] = current
+                upgraded[seq] = current
     except _NeedsPrefix:
         return None
     return list(upgraded.values())
 
 
 def _id_at(
-    upgraded: dict[int, SessionEvent], looked_at: dict[int, SessionEvent], first: int, seq: int
+    upgraded: dict[int, SessionEvent],
+    event_at: Callable[[int], SessionEvent],
+    first: int,
+    seq: int,
 ) -> str | None:
     """The message id of the event at *seq*, as converted."""
     if seq < first:
         raise _NeedsPrefix
-    event = upgraded.get(seq, looked_at.get(seq))
-    return None if event is None else _message_id(event)
+    event = upgraded.get(seq)
+    if event is None:
+        try:
+            event = event_at(seq)
+        except (IndexError, KeyError):
+            return None
+    return _message_id(event)
 
 
-_CURRENT_MARKS: Final = {
-    "turn/start": lambda text: '"trigger"' not in text,
-    "turn/end": lambda text: not ('"disposed"' in text or '"aborted"' in text or '"error"' in text),
-    "request/header": lambda text: '"fallback"' not in text,
-    "user/message": lambda text: '"role"' in text,
-    "assistant/message": lambda text: '"provenance"' not in text,
-    "tool/result": lambda text: '"message":' in text,
+_CURRENT_MARKS: Final[dict[str, Callable[[bytes], bool]]] = {
+    "turn/start": lambda text: b'"trigger"' not in text,
+    "turn/end": lambda text: (
+        not (b'"disposed"' in text or b'"aborted"' in text or b'"error"' in text)
+    ),
+    "request/header": lambda text: b'"fallback"' not in text,
+    "user/message": lambda text: b'"role"' in text,
+    "assistant/message": lambda text: b'"provenance"' not in text,
+    "tool/result": lambda text: b'"message":' in text,
 }
-"""For each type, a test of an event's stored text that holds for every event of the current
-shape, and fails for an older one (unless a string value in it is exactly the key tested): the
-events it passes are not decoded, so that reading a long log decodes almost none."""
-
-
-def _maybe_older(event: SessionEvent) -> bool:
-    """Whether *event* may hold an older record (decode it to find out)."""
-    text = event.data_json
-    current = _CURRENT_MARKS.get(event.type)
-    return text is None or current is None or not current(text)
+"""For each type, a test of an event's stored data text that holds for every event of the
+current shape, and fails for an older one (unless a string value in it is exactly the key
+tested): the events it passes are not made, so that reading a long log makes almost none."""
 
 
 def _message_id(event: SessionEvent) -> str | None:
