@@ -571,13 +571,17 @@ class StoredEvents(EventSequence):
         self._times.extend(times)
         self._items += items
 
-    def stored_data(self, types: Container[str]) -> Iterator[tuple[int, str, bytes | None]]:
-        """For each event whose type is in *types*: its seq, its type, and the stored JSON text
-        of its data if the event has not been made yet (``None`` if it has: read it)."""
-        items, kinds = self._items, self._types
-        for index in compress(range(len(kinds)), map(types.__contains__, kinds)):
-            item = items[index]
-            yield index, kinds[index], bytes(item) if type(item) is msgspec.Raw else None
+    def stored_data(
+        self, types: Container[str]
+    ) -> tuple[list[int], list[str], list[msgspec.Raw | None]]:
+        """The seqs and types of the events whose type is in *types*, and for each the stored
+        JSON text of its data (a :class:`msgspec.Raw`) if the event has not been made yet
+        (``None`` if it has: read it). Nothing is made or decoded."""
+        kinds = self._types
+        seqs = list(compress(range(len(kinds)), map(types.__contains__, kinds)))
+        items = list(map(self._items.__getitem__, seqs))
+        texts = [item if type(item) is msgspec.Raw else None for item in items]
+        return seqs, list(map(kinds.__getitem__, seqs)), texts
 
     def replace(self, event: SessionEvent) -> None:
         """Put *event* in place of the stored event with its seq (a reader converting an older

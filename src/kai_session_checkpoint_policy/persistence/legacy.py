@@ -20,12 +20,15 @@ the retired ``fallback``, and a malformed older record (:class:`LegacyRecordErro
 from __future__ import annotations
 
 from functools import partial
+from itertools import compress
 from typing import TYPE_CHECKING, Final, cast
 
 from ..events import JSON, JSONObject, SessionEvent, SurfaceReplace
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
+
+    import msgspec
 
     from ..events import StoredEvents
 
@@ -83,11 +86,21 @@ def upgrade_events(events: StoredEvents, session_id: str) -> StoredEvents:
     """*events* with their older records converted (the same object if none is older).
 
     Only the events of the types that had older shapes are looked at, and of those only the
-    ones whose stored text may hold an older shape are made and decoded.
+    ones whose stored text may hold an older shape are made and decoded: the texts of one type
+    are searched at once (:data:`_CURRENT_MARKS`), and one by one only if that finds one.
 
     :raises LegacyRecordError: naming the first older record that is malformed or retired.
     """
-    upgraded = _upgraded(events.stored_data(_LOOKED_AT), events.__getitem__, session_id, 0)
+    seqs, kinds, texts = events.stored_data(_LOOKED_AT)
+    suspects: list[int] = []
+    for kind in set(kinds):
+        positions = list(compress(range(len(kinds)), map(kind.__eq__, kinds)))
+        group = list(map(texts.__getitem__, positions))
+        if None in group or not _all_current(kind, group):
+            suspects += positions
+    suspects.sort()
+    candidates = [(seqs[position], kinds[position], texts[position]) for position in suspects]
+    upgraded = _upgraded(candidates, events.__getitem__, session_id, 0)
     assert upgraded is not None  # a log from seq 0 holds every message a result replaces
     if not upgraded:
         return events
@@ -95,6 +108,18 @@ def upgrade_events(events: StoredEvents, session_id: str) -> StoredEvents:
     for event in upgraded:
         result.replace(event)
     return result
+
+
+def _all_current(kind: str, texts: list[msgspec.Raw | None]) -> bool:
+    """Whether the stored data texts of events of type *kind* all show the current shape."""
+    mark = _CURRENT_MARKS.get(kind)
+    if mark is None:
+        return False
+    key, present = mark
+    joined = b"\x00".join(cast("list[bytes]", texts))
+    if present:
+        return joined.count(key) >= len(texts)
+    return not any(word in joined for word in key.split(b"|"))
 
 
 def upgrade_suffix(
@@ -107,7 +132,9 @@ def upgrade_suffix(
     :raises LegacyRecordError: as :func:`upgrade_events`.
     """
     by_seq = {event.seq: event for event in events}
-    candidates = [(event.seq, event.type, None) for event in events if event.type in _LOOKED_AT]
+    candidates: list[tuple[int, str, msgspec.Raw | None]] = [
+        (event.seq, event.type, None) for event in events if event.type in _LOOKED_AT
+    ]
     upgraded = _upgraded(candidates, by_seq.__getitem__, session_id, from_seq)
     if upgraded is None:
         return None
@@ -120,7 +147,7 @@ class _NeedsPrefix(Exception):
 
 
 def _upgraded(
-    candidates: Iterable[tuple[int, str, bytes | None]],
+    candidates: Iterable[tuple[int, str, msgspec.Raw | None]],
     event_at: Callable[[int], SessionEvent],
     session_id: str,
     first: int,
@@ -133,12 +160,13 @@ def _upgraded(
     upgraded: dict[int, SessionEvent] = {}
     id_at = partial(_id_at, upgraded, event_at, first)
     try:
-        for seq, event_type, text in candidates:
-            current_mark = _CURRENT_MARKS.get(event_type)
-            if text is None:
+        for seq, event_type, raw in candidates:
+            if raw is not None:
+                text: bytes | None = bytes(cast("bytes", raw))
+            else:
                 known = event_at(seq).data_json
                 text = None if known is None else known.encode("utf-8", "surrogatepass")
-            if current_mark is not None and text is not None and current_mark(text):
+            if text is not None and _all_current(event_type, [cast("msgspec.Raw", text)]):
                 continue
             event = event_at(seq)
             current = _upgrade(event, session_id, id_at)
@@ -167,19 +195,18 @@ def _id_at(
     return _message_id(event)
 
 
-_CURRENT_MARKS: Final[dict[str, Callable[[bytes], bool]]] = {
-    "turn/start": lambda text: b'"trigger"' not in text,
-    "turn/end": lambda text: (
-        not (b'"disposed"' in text or b'"aborted"' in text or b'"error"' in text)
-    ),
-    "request/header": lambda text: b'"fallback"' not in text,
-    "user/message": lambda text: b'"role"' in text,
-    "assistant/message": lambda text: b'"provenance"' not in text,
-    "tool/result": lambda text: b'"message":' in text,
+_CURRENT_MARKS: Final[dict[str, tuple[bytes, bool]]] = {
+    "turn/start": (b'"trigger"', False),
+    "turn/end": (b'"disposed"|"aborted"|"error"', False),
+    "request/header": (b'"fallback"', False),
+    "user/message": (b'"role"', True),
+    "assistant/message": (b'"provenance"', False),
+    "tool/result": (b'"message":', True),
 }
-"""For each type, a test of an event's stored data text that holds for every event of the
-current shape, and fails for an older one (unless a string value in it is exactly the key
-tested): the events it passes are not made, so that reading a long log makes almost none."""
+"""For each type, what the stored data text of an event of the current shape holds (``True``:
+the key is in each) or lacks (``False``: none of the ``|``-separated keys is in it), where an
+older one does not (unless a string value in it is exactly the key tested): the events it
+passes are not made, so that reading a long log makes almost none."""
 
 
 def _message_id(event: SessionEvent) -> str | None:
