@@ -571,6 +571,29 @@ class StoredEvents(EventSequence):
         self._times.extend(times)
         self._items += items
 
+    def stored_data(
+        self, types: Container[str]
+    ) -> tuple[list[int], list[str], list[msgspec.Raw | None]]:
+        """The seqs and types of the events whose type is in *types*, and for each the stored
+        JSON text of its data (a :class:`msgspec.Raw`) if the event has not been made yet
+        (``None`` if it has: read it). Nothing is made or decoded."""
+        kinds = self._types
+        seqs = list(compress(range(len(kinds)), map(types.__contains__, kinds)))
+        items = list(map(self._items.__getitem__, seqs))
+        texts = [item if type(item) is msgspec.Raw else None for item in items]
+        return seqs, list(map(kinds.__getitem__, seqs)), texts
+
+    def replace(self, event: SessionEvent) -> None:
+        """Put *event* in place of the stored event with its seq (a reader converting an older
+        record; the type may change with it).
+
+        :raises IndexError: if there is no event with that seq.
+        """
+        self._event(event.seq)  # a packed row's members are made first, each in its place
+        self._types[event.seq] = event.type
+        self._times[event.seq] = event.time
+        self._items[event.seq] = event
+
     def copy(self) -> StoredEvents:
         """A copy that can be extended on its own; events already made are shared."""
         copy = StoredEvents()

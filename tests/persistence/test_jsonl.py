@@ -132,12 +132,12 @@ async def test_files_are_private(
     assert stat.S_IMODE((tmp_path / "root").stat().st_mode) == 0o700
 
 
-async def test_a_flush_with_nothing_admitted_takes_no_part(
+async def test_a_flush_with_nothing_admitted_succeeds_and_writes_nothing(
     opened: tuple[Host, JsonlSessionPersistence],
 ) -> None:
     host, backend = opened
     session = host.sessions.create("quiet")
-    assert await host.sessions.flush(session) is False
+    assert await host.sessions.flush(session) is True
     assert backend.statistics().writes == 0
 
 
@@ -319,7 +319,7 @@ async def test_resume_continues_a_stored_session_and_open_picks_resume_or_create
     tmp_path: Path,
 ) -> None:
     write_log(tmp_path, "stored", log_bytes("stored", events(*COMPLETE_TURN)))
-    async with Host([JsonlSessionPersistence(tmp_path)]) as host:
+    async with Host([JsonlSessionPersistence(tmp_path, compression="none")]) as host:
         resumed = await host.sessions.open("stored")
         assert [event.type for event in resumed.events] == [t for t, _ in COMPLETE_TURN]
         assert host.sessions.get("stored") is resumed

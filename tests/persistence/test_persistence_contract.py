@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import anyio.lowlevel
@@ -31,6 +31,7 @@ from kai_session_checkpoint_policy import (
     SessionExistsError,
     policy,
 )
+from kai_session_checkpoint_policy.events import JSON, JSONObject, SurfaceOp, SurfaceReplace
 from kai_session_checkpoint_policy.persistence import (
     CorruptLogError,
     InvalidSessionIdError,
@@ -38,14 +39,16 @@ from kai_session_checkpoint_policy.persistence import (
     LiveSessionError,
     PersistenceError,
     SeqMismatchError,
+    SessionLocation,
     SessionNotFoundError,
+    SessionSnapshot,
     StoredLog,
-    WriteBehind,
 )
 
 from ..support.paying import paying_host, result_text
 from ..support.persistence_helpers import (
     COMPLETE_TURN,
+    T0,
     FailingFiles,
     GatedFiles,
     assistant,
@@ -56,6 +59,11 @@ from ..support.persistence_helpers import (
     tool_call,
     write_log,
 )
+
+if TYPE_CHECKING:
+    from kai_session_checkpoint_policy.persistence import PostgresSessionPersistence
+
+Backend: TypeAlias = "JsonlSessionPersistence | PostgresSessionPersistence"
 
 pytestmark = pytest.mark.anyio
 
@@ -73,7 +81,7 @@ class Kit:
     """One backend under the contract, and a view of its store from outside."""
 
     name: str
-    make: Callable[..., WriteBehind[Any]]
+    make: Callable[..., Backend]
     """A new backend on the store: ``make(batch_window=60)``."""
     seed: Callable[[str, Sequence[SessionEvent]], None]
     """Store a log as a writer that crashed (and whose lock or lease is gone) left it."""
@@ -96,6 +104,9 @@ class Kit:
     hold: Callable[[], Any]
     """A context manager that holds the next write in flight; yields a :class:`Held`."""
     closers: list[Callable[[], None]] = field(default_factory=list)
+    raw: Callable[[str], bytes] | None = None
+    """A session's artifact as written, read without the backend; ``None`` for a backend
+    without artifacts."""
 
     async def inspect(self, session_id: str) -> StoredLog:
         backend = self.make()
@@ -180,6 +191,7 @@ def jsonl_kit(tmp_path: Path) -> Kit:
         fault=OSError,
         fault_text="injected write-after-partial failure",
         hold=hold,
+        raw=lambda session_id: path(session_id).read_bytes(),
     )
 
 
@@ -365,11 +377,11 @@ async def test_events_are_durable_once_flushed_and_not_before(kit: Kit) -> None:
     assert stored.location == kit.location("s/1")
 
 
-async def test_a_flush_with_nothing_admitted_takes_no_part(kit: Kit) -> None:
+async def test_a_flush_with_nothing_admitted_succeeds_and_writes_nothing(kit: Kit) -> None:
     backend = kit.make()
     async with Host([backend]) as host:
         session = host.sessions.create("quiet")
-        assert await host.sessions.flush(session) is False
+        assert await host.sessions.flush(session) is True  # the backend took part
         assert backend.statistics().batches == 0
     assert kit.stored("quiet") == []
 
@@ -668,3 +680,312 @@ async def test_a_corrupt_event_is_refused_naming_it_and_nothing_changes(kit: Kit
 
     assert len((await kit.load("intact")).repair) == 3  # one bad session hides no other
     assert kit.stored("intact")[: len(before)] == before
+
+
+# -- reads that need not load everything --------------------------------------------------------
+
+
+async def test_read_from_gives_exactly_the_stored_suffix(kit: Kit) -> None:
+    logged = crashed_in_a_tool()
+    kit.seed("crashed", logged)
+    backend = kit.make()
+    try:
+        suffix = await backend.read_from("crashed", 7)
+        assert suffix.from_seq == 7
+        assert as_json(suffix.events) == as_json(logged[7:])  # no closers: it ends open
+        assert suffix.header.id == "crashed"
+        assert suffix.revision == await backend.revision("crashed")
+        assert as_json((await backend.read_from("crashed", 0)).events) == as_json(logged)
+        for past in (len(logged), len(logged) + 5):
+            assert (await backend.read_from("crashed", past)).events == ()
+        for bad in (-1, 1.5, True, "3", None):
+            with pytest.raises(ValueError, match=r"^from_seq must be a non-negative integer, not "):
+                await backend.read_from("crashed", bad)  # type: ignore[arg-type]
+        with pytest.raises(SessionNotFoundError) as missing:
+            await backend.read_from("ghost", 0)
+        assert str(missing.value) == kit.not_found("ghost")
+    finally:
+        await backend.aclose()
+    assert kit.stored("crashed") == as_json(logged)  # nothing repaired
+
+
+async def test_locate_names_where_a_session_is_without_touching_the_store(kit: Kit) -> None:
+    backend = kit.make()
+    try:
+        assert backend.locate("s/1") == SessionLocation(kit.name, kit.location("s/1"))
+        assert backend.session_exists("s/1") is False
+        with pytest.raises(InvalidSessionIdError):
+            backend.locate("")
+        async with Host([kit.make()]) as host:
+            session = host.sessions.create("s/1")
+            session.append("turn/start", {"turn": 1})
+            await host.sessions.flush(session)
+        assert (await backend.inspect("s/1")).location == backend.locate("s/1").path
+    finally:
+        await backend.aclose()
+
+
+async def test_a_revision_is_stable_until_an_append_or_a_repair(kit: Kit) -> None:
+    kit.seed("crashed", crashed_in_a_tool())
+    kit.seed("other", events(*COMPLETE_TURN))
+    backend = kit.make()
+    try:
+        first = await backend.revision("crashed")
+        assert isinstance(first, str)
+        assert await backend.revision("crashed") == first
+        await backend.inspect("crashed")
+        await backend.read_from("crashed", 3)
+        assert await backend.revision("crashed") == first  # reads change nothing
+        repaired = await kit.load("crashed")  # the repair appends closers
+        after_repair = await backend.revision("crashed")
+        assert after_repair not in (None, first)
+        await kit.load("crashed")  # nothing left to repair
+        assert await backend.revision("crashed") == after_repair
+        async with Host([kit.make()]) as host:
+            resumed = await host.sessions.resume("crashed")
+            resumed.append("turn/start", {"turn": 3})
+            await host.sessions.flush(resumed)
+        appended = await backend.revision("crashed")
+        assert appended not in (None, first, after_repair)
+        assert len(repaired.events) == 13
+        assert await backend.revision("ghost") is None
+    finally:
+        await backend.aclose()
+
+
+async def test_list_snapshots_gives_each_stored_session_and_its_revision(kit: Kit) -> None:
+    kit.seed("b", events(*COMPLETE_TURN))
+    kit.seed("a", crashed_in_a_tool())
+    backend = kit.make()
+    try:
+        async with Host([kit.make()]) as host:
+            host.sessions.create("never-written")  # no events: not stored, not listed
+            snapshots = await backend.list_snapshots()
+        listed = {snapshot.header.id: snapshot for snapshot in snapshots}
+        assert sorted(listed) == ["a", "b"]
+        for session_id, snapshot in listed.items():
+            assert isinstance(snapshot, SessionSnapshot)
+            assert snapshot.revision == await backend.revision(session_id)
+        assert [snapshot.header for snapshot in snapshots] == await backend.list_sessions()
+        await kit.load("a")
+        again = {
+            snapshot.header.id: snapshot.revision for snapshot in await backend.list_snapshots()
+        }
+        assert again["b"] == listed["b"].revision
+        assert again["a"] != listed["a"].revision
+    finally:
+        await backend.aclose()
+
+
+async def test_read_raw_gives_the_artifact_as_written_or_is_refused(kit: Kit) -> None:
+    kit.seed("s", crashed_in_a_tool())
+    backend = kit.make()
+    try:
+        if kit.raw is None:
+            assert backend.supports_raw_artifacts is False
+            with pytest.raises(PersistenceError, match=r"does not expose raw artifacts"):
+                await backend.read_raw("s")
+            return
+        assert backend.supports_raw_artifacts is True
+        artifact = await backend.read_raw("s")
+        assert artifact is not None
+        assert artifact.content == kit.raw("s")
+        assert artifact.filename == "session.jsonl"
+        assert artifact.header.id == "s"
+        assert await backend.read_raw("ghost") is None
+    finally:
+        await backend.aclose()
+
+
+async def test_a_cancelled_listing_returns_nothing(kit: Kit) -> None:
+    kit.seed("s", events(*COMPLETE_TURN))
+    backend = kit.make()
+    try:
+        for listing in (backend.list_sessions, backend.list_snapshots, backend.scan_sessions):
+            returned: list[object] = []
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                returned.append(await listing())
+            assert scope.cancelled_caught
+            assert returned == []
+    finally:
+        await backend.aclose()
+
+
+# -- older records of format version 0 ----------------------------------------------------------
+
+
+def older(*records: tuple[str, JSONObject, SurfaceOp | None]) -> list[SessionEvent]:
+    """Events as an older release of the original harness wrote them: shapes of their own."""
+    return [
+        SessionEvent(event_type, seq, T0 + seq, data, None, surface)
+        for seq, (event_type, data, surface) in enumerate(records)
+    ]
+
+
+TEXT: JSONObject = {"type": "text", "text": "hi"}
+
+
+def before_identities() -> list[SessionEvent]:
+    return older(
+        ("turn/start", {"turn": 1}, None),
+        ("step/start", {"turn": 1, "step": 1}, None),
+        ("user/message", {"content": [TEXT], "source": {"kind": "prompt"}}, "append"),
+        (
+            "assistant/message",
+            {
+                "turn": 1,
+                "step": 1,
+                "content": [TEXT],
+                "provenance": {"provider": "p", "model": "m"},
+            },
+            "append",
+        ),
+        (
+            "tool/result",
+            {"turn": 1, "step": 1, "callId": "c1", "content": [TEXT], "isError": False},
+            "append",
+        ),
+        (
+            "tool/result",
+            {"turn": 1, "step": 1, "callId": "c1", "content": [], "isError": True},
+            SurfaceReplace(4, 4),
+        ),
+        ("step/end", {"turn": 1, "step": 1}, None),
+        ("turn/end", {"turn": 1, "reason": {"kind": "completed"}}, None),
+    )
+
+
+def tool_message(message_id: str, content: list[JSON], is_error: bool) -> JSONObject:
+    block: JSONObject = {
+        "type": "tool-result",
+        "toolCallId": "c1",
+        "content": content,
+        "isError": is_error,
+    }
+    return {
+        "id": message_id,
+        "role": "user",
+        "content": [block],
+        "source": {"kind": "tool", "callId": "c1"},
+    }
+
+
+async def test_messages_from_before_message_identities_are_read_with_ids(kit: Kit) -> None:
+    logged = before_identities()
+    kit.seed("old", logged)
+    stored = kit.stored("old")
+
+    for read in (kit.inspect, kit.load):
+        log = await read("old")
+        assert log.repair == ()
+        assert [item.data for item in log.events[2:6]] == [
+            {
+                "content": [TEXT],
+                "source": {"kind": "prompt"},
+                "id": "legacy-message:old:2",
+                "role": "user",
+            },
+            {
+                "turn": 1,
+                "step": 1,
+                "message": {
+                    "id": "legacy-message:old:3",
+                    "role": "assistant",
+                    "content": [TEXT],
+                    "source": {"provider": "p", "model": "m", "kind": "model"},
+                },
+            },
+            {"turn": 1, "step": 1, "message": tool_message("legacy-message:old:4", [TEXT], False)},
+            {"turn": 1, "step": 1, "message": tool_message("legacy-message:old:4", [], True)},
+        ]
+        assert log.events[5].surface_op == SurfaceReplace(4, 4)
+    backend = kit.make()
+    try:
+        suffix = await backend.read_from("old", 5)  # the replacement takes an earlier id
+        assert suffix.events[0].data["message"] == tool_message("legacy-message:old:4", [], True)
+        assert [item.type for item in suffix.events] == ["tool/result", "step/end", "turn/end"]
+    finally:
+        await backend.aclose()
+    assert kit.stored("old") == stored  # read as current events; never rewritten
+
+
+async def test_a_log_from_before_the_react_loop_is_read(kit: Kit) -> None:
+    steering: JSONObject = {"turn": 1, "content": [TEXT], "source": {"kind": "steering"}}
+    wrapped: JSONObject = {"id": "m-9", "role": "user", "content": [], "source": {"kind": "x"}}
+    logged = older(
+        ("turn/start", {"turn": 1, "trigger": {"kind": "user"}}, None),
+        ("steering/message", steering, "append"),
+        ("steering/message", {"turn": 1, "message": wrapped}, "append"),
+        ("turn/end", {"turn": 1, "reason": {"kind": "disposed"}}, None),
+        ("turn/start", {"turn": 2, "trigger": {"kind": "user"}}, None),
+        ("turn/end", {"turn": 2, "reason": {"kind": "aborted"}}, None),
+        ("turn/start", {"turn": 3}, None),
+        ("turn/end", {"turn": 3, "reason": {"kind": "error", "step": 1, "message": "x"}}, None),
+    )
+    kit.seed("react", logged)
+
+    log = await kit.load("react")
+
+    assert [(item.type, item.data) for item in log.events] == [
+        ("turn/start", {"turn": 1}),
+        (
+            "user/message",
+            {
+                "content": [TEXT],
+                "source": {"kind": "steering"},
+                "id": "legacy-message:react:1",
+                "role": "user",
+            },
+        ),
+        ("user/message", wrapped),
+        ("turn/end", {"turn": 1, "reason": {"kind": "aborted", "reason": {"kind": "disposed"}}}),
+        ("turn/start", {"turn": 2}),
+        ("turn/end", {"turn": 2, "reason": {"kind": "aborted", "reason": {"kind": "legacy"}}}),
+        ("turn/start", {"turn": 3}),
+        (
+            "turn/end",
+            {"turn": 3, "reason": {"kind": "error", "error": {"message": "x", "code": "UNKNOWN"}}},
+        ),
+    ]
+    assert log.repair == ()
+    assert log.events[1].surface_op == "append"
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        (
+            ("request/header", {"header": {"config": {}}, "reason": "fallback"}, None),
+            'the retired request/header reason "fallback"',
+        ),
+        (
+            ("steering/message", {"turn": 1, "text": "hi"}, "append"),
+            "a malformed steering/message from before the react loop",
+        ),
+        (
+            ("turn/start", {"turn": 1, "trigger": "user"}, None),
+            "a malformed turn/start from before the react loop",
+        ),
+        (
+            ("turn/end", {"turn": 1, "reason": {"kind": "disposed", "by": "x"}}, None),
+            "a malformed turn/end from before the react loop",
+        ),
+    ],
+    ids=["fallback", "steering", "turn-start", "turn-end"],
+)
+async def test_a_retired_or_malformed_older_record_is_refused_naming_it(
+    kit: Kit, record: tuple[str, JSONObject, SurfaceOp | None], problem: str
+) -> None:
+    logged = older(("turn/start", {"turn": 1}, None), record)
+    if record[0] == "turn/start":
+        logged = older(record)
+    kit.seed("bad", logged)
+    seq = len(logged) - 1
+    for read in (kit.inspect, kit.load):
+        with pytest.raises(CorruptLogError) as refused:
+            await read("bad")
+        assert (
+            str(refused.value) == f"corrupt session log {kit.location('bad')}, seq {seq}: {problem}"
+        )
+    assert kit.stored("bad") == as_json(logged)

@@ -42,6 +42,7 @@ Recovering images (:class:`Explorer`, :func:`explore`)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -70,7 +71,7 @@ from .crash_child import MemoryRecorder, Workload, run_workload
 from .invariants import Expected, check_recovery, refusal_problems
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
 
 __all__ = [
     "DIR",
@@ -495,6 +496,24 @@ class SimFiles(OsFiles):
             self.trace.append(("open-read", rel))
             self._check("open", rel)
             return self._files[self._file(rel)].cache
+
+    @contextlib.contextmanager
+    def reader(self, path: Path) -> Iterator[Callable[[int], bytes]]:
+        data = self.read(path)
+        position = 0
+
+        def read(size: int) -> bytes:
+            nonlocal position
+            piece = data[position : position + size]
+            position += len(piece)
+            return piece
+
+        yield read
+
+    def revision(self, path: Path) -> str:
+        with self._lock:
+            node = self._file(self._rel(path))
+            return f"{node}:{len(self._files[node].cache)}"
 
     def read_first_line(self, path: Path, limit: int = 1 << 16) -> bytes:
         data = self.read(path)[:limit]

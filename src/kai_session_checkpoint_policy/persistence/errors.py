@@ -12,6 +12,7 @@ __all__ = [
     "CorruptRecordError",
     "DatabaseError",
     "DuplicateLogError",
+    "EncodingMismatchError",
     "EventTimeError",
     "InvalidSessionIdError",
     "LeaseLostError",
@@ -123,6 +124,10 @@ class DatabaseError(PersistenceError):
 class UnsupportedFormatError(PersistenceError):
     """A log this release does not read, though it may be intact: another format version, an
     event type it does not know, or a file that is not a session log at all."""
+
+
+class EncodingMismatchError(PersistenceError):
+    """A root holds logs in one encoding, and a new session would be written in the other."""
 
 
 class NotARegularFileError(PersistenceError):

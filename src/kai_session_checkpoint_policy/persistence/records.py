@@ -51,6 +51,7 @@ from ..events import (
     json_depth,
     on_fresh_stack,
 )
+from .legacy import LEGACY_EVENT_TYPES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -303,7 +304,15 @@ def _event(record: JSONObject, seq: int, earlier: bool) -> SessionEvent:
                 "not an event envelope with exactly type, seq, time and data", complete=True
             )
     else:
-        if event_type not in KNOWN_EVENT_TYPES and ignorable is not True:
+        if event_type == "session":
+            raise RecordError(
+                "a second session header: a log has one, on its first line", complete=True
+            )
+        if (
+            event_type not in KNOWN_EVENT_TYPES
+            and event_type not in LEGACY_EVENT_TYPES
+            and ignorable is not True
+        ):
             raise RecordError(
                 f"the event type {event_type!r} (seq {record.get('seq')!r}) is unknown to this "
                 "release and the event is not marked ignorable; refusing to interpret the log "
@@ -324,6 +333,15 @@ def _event(record: JSONObject, seq: int, earlier: bool) -> SessionEvent:
     if event_seq != seq:
         raise RecordError(f"seq {event_seq} where {seq} was expected", complete=True)
     if not isinstance(data, dict):
+        if (
+            not earlier
+            and ignorable is True
+            and event_type not in KNOWN_EVENT_TYPES
+            and not {"surfaceOp", "sourceEventSeqs"} & record.keys()
+        ):
+            # An event a reader may skip, of a type it does not know: its data is not read,
+            # whatever JSON it is (as the original harness's readers skip it).
+            return SessionEvent(event_type, seq, time, {}, None, None, None, True)
         raise RecordError("the event data is not a JSON object", complete=True)
     event_type = _EVENT_TYPES.get(event_type, event_type)
     if earlier:
@@ -344,7 +362,9 @@ def _event(record: JSONObject, seq: int, earlier: bool) -> SessionEvent:
                 f"sourceEventSeqs is {listed!r}, not a list of integers", complete=True
             )
         sources = tuple(cast("list[int]", listed))
-    problem = envelope_problem(event_type, seq, surface_op, sources)
+    # An older steering message is checked as the user message it is read as.
+    checked_as = "user/message" if event_type in LEGACY_EVENT_TYPES else event_type
+    problem = envelope_problem(checked_as, seq, surface_op, sources)
     if problem is not None:
         raise RecordError(problem, complete=True)
     keys = list(record)
@@ -711,6 +731,8 @@ def _enveloped(
         return None
     if ignorable is False or (known_type is None and ignorable is not True):
         return None  # refused, or unknown to this release (and not ignorable)
+    if known_type is None and not bytes(record.data).startswith(b"{"):
+        return None  # an ignorable event whose data is no object: read one by one
     event_type = known_type or record.type
     if not event_type:
         return None

@@ -19,10 +19,14 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "PersistenceStatistics",
+    "RawArtifact",
     "SessionHeader",
     "SessionListing",
+    "SessionLocation",
     "SessionProblem",
+    "SessionSnapshot",
     "StoredLog",
+    "StoredSuffix",
 ]
 
 FORMAT_VERSION: Final = 0
@@ -112,3 +116,69 @@ class SessionListing:
     problems: tuple[SessionProblem, ...]
     logs: tuple[Path, ...] = ()
     """The log file of each of ``headers``, in the same order (a directory's sessions only)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionLocation:
+    """Where a backend stores a session: its kind (``"jsonl"``, ``"postgres"``) and a path (an
+    absolute file path, or the database and session)."""
+
+    kind: str
+    path: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """A stored session's header and its revision: an opaque token, the same while the stored
+    log is unchanged, another once an append or a repair changed it."""
+
+    header: SessionHeader
+    revision: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StoredSuffix:
+    """The stored events of a session from seq ``from_seq`` on, exactly as stored (no repair,
+    nothing cut), and the revision they were read at."""
+
+    header: SessionHeader
+    from_seq: int
+    events: tuple[SessionEvent, ...]
+    revision: str
+
+    def __repr__(self) -> str:
+        return (
+            f"StoredSuffix(header={self.header!r}, from_seq={self.from_seq}, "
+            f"events=<{len(self.events)} events>, revision={self.revision!r})"
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RawArtifact:
+    """A session's artifact as the backend stored it, decoded from its encoding but otherwise
+    verbatim (key order, packed rows and line breaks as written): ``content`` is the text of
+    ``filename`` (``session.jsonl`` for a JSONL log, compressed or not)."""
+
+    header: SessionHeader
+    filename: str
+    content: bytes
+
+    def __repr__(self) -> str:
+        return (
+            f"RawArtifact(header={self.header!r}, filename={self.filename!r}, "
+            f"content=<{len(self.content)} bytes>)"
+        )
+
+
+def check_from_seq(from_seq: object) -> int:
+    """*from_seq*, if it is a seq a suffix can start at: a non-negative integer.
+
+    :raises ValueError: naming what it is otherwise.
+    """
+    if type(from_seq) is not int or from_seq < 0:
+        raise ValueError(f"from_seq must be a non-negative integer, not {from_seq!r}")
+    return from_seq

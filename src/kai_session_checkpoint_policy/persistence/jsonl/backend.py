@@ -26,7 +26,7 @@ import math
 import resource
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from os import scandir as os_scandir
 from pathlib import Path
@@ -42,6 +42,7 @@ from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, Writer
 from ..errors import (
     CorruptLogError,
     DuplicateLogError,
+    EncodingMismatchError,
     InvalidSessionIdError,
     LogChangedError,
     MisplacedLogError,
@@ -50,15 +51,22 @@ from ..errors import (
     RollbackError,
     SessionLockedError,
     SessionNotFoundError,
+    UnsupportedFormatError,
 )
 from ..ids import NO_CWD, earlier_directory, encode_session_id, project_directory
+from ..legacy import LegacyRecordError, upgrade_events
 from ..repair import repair_of
 from ..values import (
     PersistenceStatistics,
+    RawArtifact,
     SessionHeader,
     SessionListing,
+    SessionLocation,
     SessionProblem,
+    SessionSnapshot,
     StoredLog,
+    StoredSuffix,
+    check_from_seq,
 )
 from ..workers import loop_is_idle
 from .files import LockedError, OsFiles
@@ -70,10 +78,12 @@ from .format import (
     Compression,
     Scan,
     compress_frame,
+    decode_artifact,
     encode_events,
     encode_header,
     read_header,
     salvage,
+    scan_file,
     scan_log,
 )
 
@@ -151,6 +161,8 @@ class _Log:
         return _compression_of(self.path)
 
 
+_STABLE_READS: Final = 16
+"""How many times a log is read again while another process changes it, before giving up."""
 _RECOVERED_KEPT: Final = 1024
 """Of how many recovered sessions the size and count are kept until their first write."""
 
@@ -243,6 +255,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self._recovered: OrderedDict[str, tuple[Path, int, int]] = OrderedDict()
         self._held: OrderedDict[str, _Log] = OrderedDict()  # their locked logs, in a host
         self._recovered_lock = threading.Lock()  # recoveries run in worker threads
+        self._encoding_checked = False  # whether the root holds no log of the other encoding
 
     def __repr__(self) -> str:
         return f"<JsonlSessionPersistence root={str(self.root)!r}>"
@@ -329,7 +342,41 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             _refuse_link(earlier)
         if _is_earlier_log(earlier / LOG_NAME):
             return _Found(earlier / LOG_NAME, earlier=True)
+        encoded = encode_session_id(session_id)
+        for project in (NO_CWD, *self._project_directories()):
+            for name in (f"{encoded}.jsonl", f"{encoded}.jsonl.zstd"):
+                if _exists(self.root / project / name):
+                    raise _flat_file(self.root / project / name)
         return None
+
+    def _check_root_encoding(self) -> None:
+        """Refuse to add a log to a root that holds logs in the other encoding, as the original
+        harness refuses (it then refuses the whole root): checked once, before the first log
+        this backend creates.
+
+        :raises EncodingMismatchError: naming a log in the other encoding.
+        """
+        if self._encoding_checked:
+            return
+        other = LOG_NAME if self.compression == "zstd" else ZSTD_LOG_NAME
+        for project in {NO_CWD, *self._project_directories()}:
+            try:
+                with os_scandir(self.root / project) as entries:
+                    sessions = [
+                        entry.path for entry in entries if entry.is_dir(follow_symlinks=False)
+                    ]
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for directory in sorted(sessions):
+                log = Path(directory) / other
+                if _exists(log):
+                    raise EncodingMismatchError(
+                        f"{log} is a {'plain' if other == LOG_NAME else 'compressed'} log, and "
+                        f"this backend writes compression {self.compression!r}: a root holds "
+                        "logs in one encoding (the original harness refuses a root with both); "
+                        "use another root, or the compression of the logs it holds"
+                    )
+        self._encoding_checked = True
 
     def _project_directories(self) -> list[str]:
         """The names of the directories under the root that may hold sessions with a cwd."""
@@ -528,6 +575,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 f"{found.path}; load it with recovery first, which converts it"
             )
         if found is None:
+            self._check_root_encoding()
             directory = self._session_directory(NO_CWD, session_id)
             path = directory / ZSTD_LOG_NAME if self.compression == "zstd" else directory / LOG_NAME
         else:
@@ -574,15 +622,16 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if log.fd is not None:
             self.files.close(log.fd)
             log.fd = None
-        data = self._read(log.path, session_id)
         if log.suspect:
+            data = self._read(log.path, session_id)
             if len(data) < log.size:
                 raise LogChangedError(
                     f"{log.path} is {len(data)} bytes long, shorter than the {log.size} bytes "
                     "known durable"
                 )
-            data = data[: log.size]
-        scan = self._scan_session(data, log.path, session_id)
+            scan = self._scan_session(log.path, session_id, data[: log.size])
+        else:
+            scan = self._scan_session(log.path, session_id)
         cut = (
             bool(scan.torn) and not (log.suspect or scan.salvaged) and len(scan.events) == expected
         )
@@ -722,6 +771,103 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         await checkpoint_if_cancelled()
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
 
+    supports_raw_artifacts: Final = True
+    """Whether :meth:`read_raw` gives a session's artifact (it does)."""
+
+    def locate(self, session_id: str, cwd: str | None = None) -> SessionLocation:
+        """Where the log of *session_id* (with working directory *cwd*) is, or would be
+        created, in the compression this backend writes; no I/O (it may not exist).
+
+        :raises InvalidSessionIdError: if the id (or *cwd*) cannot be stored.
+        """
+        directory = self.root / project_directory(cwd) / encode_session_id(session_id)
+        name = ZSTD_LOG_NAME if self.compression == "zstd" else LOG_NAME
+        return SessionLocation("jsonl", str(directory / name))
+
+    async def revision(self, session_id: str) -> str | None:
+        """The revision of the stored log of *session_id* (``None`` if there is none), from
+        its file's metadata, without reading it: ``dev:ino:size:mtime:ctime``."""
+        return await anyio.to_thread.run_sync(self._revision_if_any, session_id)
+
+    def _revision_if_any(self, session_id: str) -> str | None:
+        found = self._find(session_id)
+        if found is None:
+            return None
+        try:
+            return self.files.revision(found.path)
+        except FileNotFoundError:
+            return None
+
+    async def list_snapshots(self) -> list[SessionSnapshot]:
+        """The header and revision of each intact session under the root, oldest first; each
+        log's header alone is read. A session that cannot be listed is left out, with a
+        warning, as :meth:`list_sessions` leaves it out."""
+
+        def snapshots() -> list[SessionSnapshot]:
+            listing = self._scan_sessions()
+            for problem in listing.problems:
+                logger.warning(
+                    "session %s left out of the listing: %s", problem.directory, problem.error
+                )
+            found = []
+            for header, log in zip(listing.headers, listing.logs, strict=True):
+                try:
+                    found.append(SessionSnapshot(header, self.files.revision(log)))
+                except FileNotFoundError:
+                    continue  # removed since its header was read
+            return found
+
+        listed = await anyio.to_thread.run_sync(snapshots)
+        await checkpoint_if_cancelled()
+        return listed
+
+    async def read_from(self, session_id: str, from_seq: int) -> StoredSuffix:
+        """The stored events of *session_id* from seq *from_seq* on, exactly as stored: no
+        closers, nothing cut (a torn tail is left out, as :meth:`inspect` leaves it out). A
+        *from_seq* at or past the end gives no events. The log is read a chunk at a time, again
+        if it changed meanwhile.
+
+        :raises ValueError: if *from_seq* is not a non-negative integer.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError: as
+            :meth:`inspect`.
+        """
+        check_from_seq(from_seq)
+        found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
+        scan, revision = await anyio.to_thread.run_sync(self._stable_scan, found.path, session_id)
+        await checkpoint_if_cancelled()
+        return StoredSuffix(scan.header, from_seq, scan.events[from_seq:], revision)
+
+    async def read_raw(self, session_id: str) -> RawArtifact | None:
+        """The log of *session_id* as written, decompressed if it is compressed (``None`` if
+        there is none): its header line, then its records, packed rows as packed.
+
+        :raises CorruptLogError: if a whole frame of a compressed log is damaged.
+        """
+
+        def read() -> RawArtifact | None:
+            found = self._find(session_id)
+            if found is None:
+                return None
+            for _ in range(_STABLE_READS):
+                try:
+                    before = self.files.revision(found.path)
+                    data = self.files.read(found.path)
+                    after = self.files.revision(found.path)
+                except FileNotFoundError:
+                    return None
+                if before == after:
+                    header = read_header(data, found.path)
+                    self._expected_log(header, found.path)
+                    return RawArtifact(header, LOG_NAME, decode_artifact(data, found.path))
+            raise LogChangedError(
+                f"{found.path} changed during each of {_STABLE_READS} reads of it; another "
+                "process keeps writing it"
+            )
+
+        artifact = await anyio.to_thread.run_sync(read)
+        await checkpoint_if_cancelled()
+        return artifact
+
     async def load(self, session_id: str) -> StoredLog:
         """Read a log with recovery: cut a torn tail (kept beside the log), close an open turn.
 
@@ -850,12 +996,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         and stopped before closing the turn (the bytes it kept are named after the offset);
         what that recovery salvaged from them is salvaged again from the kept copy.
         """
-        scan = self._scan_session(self._read(path, session_id), path, session_id)
+        scan, _ = self._stable_scan(path, session_id)
         kept = _kept_copies(path, scan.committed_bytes)
         tail_cut = bool(scan.torn) or bool(kept)
         if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
             # The last copy kept at this offset holds the bytes the last cut there removed.
-            scan = salvage(scan, self.files.read(kept[-1]), path)
+            scan = _upgraded(salvage(scan, self.files.read(kept[-1]), path), path, session_id)
         return scan, repair_of(scan.events, partial(_corrupt_data, path), tail_cut=tail_cut)
 
     def _keep_torn(self, path: Path, offset: int, torn: bytes) -> None:
@@ -896,6 +1042,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 try:
                     if directory.is_symlink():
                         _refuse_link(directory)
+                    if directory.name.endswith((".jsonl", ".jsonl.zstd")) and not (
+                        directory.is_dir()
+                    ):
+                        raise _flat_file(directory)
                     listed = self._log_in(directory) if directory.is_dir() else None
                     if listed is None:
                         continue  # not a session, or one whose log was never published
@@ -930,10 +1080,40 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _scan_session(self, data: bytes, path: Path, session_id: str) -> Scan:
-        """:func:`scan_log`, refusing a log whose header names another session (a copied log),
-        or a place other than where it is."""
-        scan = scan_log(data, path)
+    def _stable_scan(self, path: Path, session_id: str) -> tuple[Scan, str]:
+        """Scan the log at *path* (a chunk at a time) until its revision is the same before and
+        after: a scan that another process's append or repair overlapped is made again, as the
+        original harness reads. Return the scan and that revision.
+
+        :raises LogChangedError: if the log changed during each of several scans.
+        """
+        for _ in range(_STABLE_READS):
+            before = self._revision_of(path, session_id)
+            scan = self._scan_session(path, session_id)
+            after = self._revision_of(path, session_id)
+            if before == after:
+                return _upgraded(scan, path, session_id), after
+        raise LogChangedError(
+            f"{path} changed during each of {_STABLE_READS} reads of it; another process keeps "
+            "writing it"
+        )
+
+    def _revision_of(self, path: Path, session_id: str) -> str:
+        try:
+            return self.files.revision(path)
+        except FileNotFoundError:
+            raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
+
+    def _scan_session(self, path: Path, session_id: str, data: bytes | None = None) -> Scan:
+        """Scan the log at *path* (or its bytes *data*), refusing a log whose header names
+        another session (a copied log), or a place other than where it is."""
+        if data is not None:
+            scan = scan_log(data, path)
+        else:
+            try:
+                scan = scan_file(partial(self.files.reader, path), path)
+            except FileNotFoundError:
+                raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
         if scan.header.id != session_id:
             raise MisplacedLogError(
                 f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
@@ -943,10 +1123,30 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         return scan
 
 
+def _upgraded(scan: Scan, path: Path, session_id: str) -> Scan:
+    """*scan* with its older records converted (:mod:`..legacy`).
+
+    :raises CorruptLogError: naming an older record that is malformed or retired.
+    """
+    try:
+        events = upgrade_events(scan.events, session_id)
+    except LegacyRecordError as error:
+        raise CorruptLogError(path, None, error.problem, seq=error.seq) from None
+    return scan if events is scan.events else replace(scan, events=events)
+
+
 def _header_bytes(header: SessionHeader, compression: Compression) -> bytes:
     """The header record: a line, or a frame of its own in a compressed log."""
     line = encode_header(header)
     return compress_frame(line) if compression == "zstd" else line
+
+
+def _flat_file(path: Path) -> UnsupportedFormatError:
+    return UnsupportedFormatError(
+        f"{path} is a session log in the obsolete flat-file layout (<project>/<id>.jsonl); "
+        "a log is read only from its session's directory (<project>/<id>/session.jsonl): move "
+        "it there, or use another root"
+    )
 
 
 def _refuse_link(directory: Path) -> NoReturn:

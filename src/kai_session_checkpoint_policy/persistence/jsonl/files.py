@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final
 from ..errors import NotARegularFileError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 __all__ = ["TEMPORARY_NAME", "LockedError", "OsFiles"]
@@ -190,6 +191,28 @@ class OsFiles:
             return b"".join(chunks)
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def reader(self, path: Path) -> Iterator[Callable[[int], bytes]]:
+        """Open the regular file *path* for reading from its start: yield a function that reads
+        up to the number of bytes it is given (``b""`` at the end); closed on leaving."""
+        fd = _open_file(path, os.O_RDONLY)
+        try:
+            yield lambda size: os.read(fd, min(size, _MOST_READ))
+        finally:
+            os.close(fd)
+
+    def revision(self, path: Path) -> str:
+        """The revision of the file *path*: ``dev:ino:size:mtime:ctime`` (the times in
+        nanoseconds), as the original harness names a log's revision. A symbolic link is not
+        followed.
+
+        :raises FileNotFoundError: if there is no such file.
+        """
+        found = os.lstat(path)
+        return (
+            f"{found.st_dev}:{found.st_ino}:{found.st_size}:{found.st_mtime_ns}:{found.st_ctime_ns}"
+        )
 
     def read_first_line(self, path: Path, limit: int = 1 << 16) -> bytes:
         """Read up to the first newline (included), at most *limit* bytes, of a regular file."""

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Final, Literal, NoReturn, TypeAlias, cast, final
@@ -74,12 +75,14 @@ else:
     from backports import zstd
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterator, Sequence
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from ...events import JSONObject, SessionEvent
 
 __all__ = [
+    "CHUNK_BYTES",
     "COMPRESSIONS",
     "EARLIER_FORMAT",
     "EARLIER_FORMAT_VERSION",
@@ -88,14 +91,18 @@ __all__ = [
     "NO_CWD",
     "ZSTD_LOG_NAME",
     "Compression",
+    "Read",
     "Scan",
     "compress_frame",
+    "decode_artifact",
     "encode_events",
     "encode_header",
     "log_name",
     "read_header",
     "salvage",
+    "scan_file",
     "scan_log",
+    "scan_stream",
 ]
 
 Compression: TypeAlias = Literal["none", "zstd"]
@@ -163,13 +170,19 @@ def encode_header(header: SessionHeader) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
+def _header_int(text: str) -> int | float:
+    """An integer of the header; ``-0`` is read as the float it is in JavaScript, so that a
+    field that must be an integer refuses it, as the original harness refuses it."""
+    return -0.0 if text == "-0" else int(text)
+
+
 def _not_a_session_log(path: Path, why: str) -> NoReturn:
     raise UnsupportedFormatError(f"{path} is not a session log: {why}")
 
 
 def _decode_header(line: bytes, path: Path, *, fresh_stack: bool) -> SessionHeader:
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_int=_header_int)
     except ValueError:
         raise CorruptLogError(path, 1, "the header line is not valid JSON") from None
     except RecursionError:
@@ -299,9 +312,65 @@ def compress_frame(data: bytes) -> bytes:
 # -- reading a log ------------------------------------------------------------------------------
 
 
-def scan_log(data: bytes, path: Path) -> Scan:
-    """Read a whole log (compressed if *path* ends in ``.zstd``); separate its committed events
-    from a torn tail.
+CHUNK_BYTES: Final = 1 << 20
+"""How many bytes of a log file a scan reads at a time."""
+
+Read: TypeAlias = "Callable[[int], bytes]"
+"""Reads up to the given number of bytes from where the last read ended; ``b""`` at the end."""
+
+
+def scan_log(data: bytes, path: Path, *, chunk_bytes: int | None = None) -> Scan:
+    """Read a whole log held in memory, as :func:`scan_stream` reads one (a chunk of
+    *chunk_bytes* at a time; by default all at once)."""
+
+    @contextmanager
+    def opened() -> Iterator[Read]:
+        view = memoryview(data)
+        position = 0
+
+        def read(size: int) -> bytes:
+            nonlocal position
+            if position == 0 and size >= len(data):
+                position = len(data)
+                return data  # all at once: not copied
+            piece = bytes(view[position : position + size])
+            position += len(piece)
+            return piece
+
+        yield read
+
+    return scan_file(opened, path, chunk_bytes=chunk_bytes or max(len(data), 1))
+
+
+def scan_file(
+    opener: Callable[[], AbstractContextManager[Read]],
+    path: Path,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Scan:
+    """:func:`scan_stream` a log that *opener* opens for reading from its start, whatever the
+    depth of the caller's stack (on a deep stack, it is read again on a fresh one)."""
+
+    def attempt(fresh_stack: bool) -> Scan:
+        with opener() as read:
+            return scan_stream(read, path, chunk_bytes=chunk_bytes, fresh_stack=fresh_stack)
+
+    try:
+        return attempt(False)
+    except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
+        return on_fresh_stack(partial(attempt, True))
+
+
+def scan_stream(
+    read: Read, path: Path, *, chunk_bytes: int = CHUNK_BYTES, fresh_stack: bool = False
+) -> Scan:
+    """Read a log (compressed if *path* ends in ``.zstd``) a chunk at a time through *read*;
+    separate its committed events from a torn tail.
+
+    Only the chunk being decoded is held besides the events made from it (and, once damage or
+    a torn tail begins, the bytes from there to the end, which recovery keeps): a record or a
+    frame that a chunk boundary splits is joined with the next chunk. *read* may return fewer
+    bytes than asked for; ``b""`` only at the end.
 
     Plain, the torn tail is what follows the last event, if none of it is a complete record: a
     final line without its newline, and lines that are not JSON objects (garbage, zeros). A
@@ -314,17 +383,66 @@ def scan_log(data: bytes, path: Path) -> Scan:
     frame, if no whole frame with a valid checksum follows the damage; the complete lines at
     the start of a torn final frame are kept (salvaged).
 
-    How deep the caller's stack is does not matter.
+    *fresh_stack* tells that the caller runs on a fresh stack, where a line too deep to decode
+    is refused as damage; otherwise it raises :class:`RecursionError` (:func:`scan_file` then
+    reads the log again on a fresh stack).
 
     :raises CorruptLogError: naming *path* and the line (or the byte of a damaged frame).
     :raises UnsupportedFormatError: if the header has another format version, the log is not
         a session log, or it holds an event of an unknown type not marked ignorable.
     """
+    if type(chunk_bytes) is not int or chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be a positive integer, not {chunk_bytes!r}")
+    source = _Chunks(read, chunk_bytes)
     scan = _scan_zstd if path.name.endswith(".zstd") else _scan_plain
-    try:
-        return scan(data, path, fresh_stack=False)
-    except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
-        return on_fresh_stack(partial(scan, data, path, fresh_stack=True))
+    return scan(source, path, fresh_stack=fresh_stack)
+
+
+@final
+class _Chunks:
+    """The bytes of a log as a scan reads them: a buffer, where it starts in the file, and
+    the position in it up to which the scan is done (the bytes before are let go on a refill).
+
+    A refill copies only the bytes kept (a record or frame cut by the chunk boundary) and
+    grows the read to at least twice them, so that a frame larger than a chunk is read in a
+    number of reads that grows with the log of its size.
+    """
+
+    __slots__ = ("_read", "base", "buffer", "chunk_bytes", "eof", "pos")
+
+    def __init__(self, read: Read, chunk_bytes: int) -> None:
+        self._read = read
+        self.chunk_bytes = chunk_bytes
+        self.buffer = b""
+        self.base = 0  # where the buffer starts in the file
+        self.pos = 0  # the scan is done up to here, in the buffer
+        self.eof = False
+
+    def more(self, keep: int, at_least: int = 0) -> bool:
+        """Read on: keep the buffer from *keep* (an offset in it) and add a chunk (at least
+        *at_least* bytes, if the file has them). ``False`` at the end of the file."""
+        if self.eof:
+            return False
+        wanted = max(self.chunk_bytes, at_least)
+        pieces = [self.buffer[keep:]] if keep < len(self.buffer) else []
+        got = 0
+        while got < wanted:
+            piece = self._read(wanted - got)
+            if not piece:
+                self.eof = True
+                break
+            pieces.append(piece)
+            got += len(piece)
+        self.base += keep
+        self.pos -= keep
+        self.buffer = b"".join(pieces)
+        return got > 0
+
+    def rest(self) -> bytes:
+        """The bytes from :attr:`pos` to the end of the file."""
+        while self.more(self.pos, at_least=2 * (len(self.buffer) - self.pos)):
+            pass
+        return self.buffer[self.pos :]
 
 
 @dataclass(slots=True)
@@ -370,37 +488,53 @@ class _Reader:
         raise CorruptLogError(self.path, line_number, error.problem, seq=len(self.events))
 
 
-def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
-    if data.startswith(_ZSTD_MAGIC):
+def _scan_plain(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
+    while (end := source.buffer.find(b"\n")) < 0 and source.more(0, 2 * len(source.buffer)):
+        pass  # the header line, split across chunks
+    if source.buffer.startswith(_ZSTD_MAGIC):
         _not_a_session_log(path, "it holds Zstandard data (a compressed log ends in .zstd)")
-    end = data.find(b"\n")
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
-    header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
+    header = _decode_header(source.buffer[:end], path, fresh_stack=fresh_stack)
     reader = _Reader(path, header, fresh_stack, StoredEvents())
-    offset = committed = reader.bulk(data, end + 1)
-    line_number = 2 + data.count(b"\n", end + 1, offset)
+    source.pos = end + 1
+    committed = source.pos  # in the file
+    line_number = 2
     damage: tuple[int, RecordError, int] | None = None  # the first damaged line, and its seq
-    while (end := data.find(b"\n", offset)) >= 0:
-        line = data[offset:end]
-        offset = end + 1
-        try:
-            decoded = reader.line(line)
-        except RecordError as error:
-            if error.complete and damage is not None:
-                break  # reported below
-            if error.complete:
-                reader.refuse(line_number, error)
-            damage = damage or (line_number, error, len(reader.events))
-        else:
-            if damage is not None:
-                break
-            reader.add(decoded)
-            committed = offset
-        line_number += 1
-    else:
-        return Scan(header, reader.events, committed, data[committed:])
-    assert damage is not None
+    while True:
+        data, offset, base = source.buffer, source.pos, source.base
+        if damage is None:
+            done = reader.bulk(data, offset)
+            line_number += data.count(b"\n", offset, done)
+            offset = done
+            committed = base + offset
+        while (end := data.find(b"\n", offset)) >= 0:
+            line = data[offset:end]
+            offset = end + 1
+            try:
+                decoded = reader.line(line)
+            except RecordError as error:
+                if error.complete and damage is not None:
+                    _complete_after_damage(path, damage, line_number)
+                if error.complete:
+                    reader.refuse(line_number, error)
+                damage = damage or (line_number, error, len(reader.events))
+            else:
+                if damage is not None:
+                    _complete_after_damage(path, damage, line_number)
+                reader.add(decoded)
+                committed = base + offset
+            line_number += 1
+        source.pos = offset
+        kept = committed - base  # a line cut by the chunk's end; a torn tail or damage, whole
+        if not source.more(kept, at_least=2 * (len(data) - kept)):
+            break
+    return Scan(header, reader.events, committed, source.buffer[committed - source.base :])
+
+
+def _complete_after_damage(
+    path: Path, damage: tuple[int, RecordError, int], line_number: int
+) -> NoReturn:
     first, problem, seq = damage
     raise CorruptLogError(
         path,
@@ -414,13 +548,16 @@ def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
 # -- compressed logs ----------------------------------------------------------------------------
 
 
-def _frame_end(data: bytes, start: int, structure: list[int] | None = None) -> int | str | None:
+def _frame_end(
+    data: bytes, start: int, structure: list[int] | None = None, *, base: int = 0
+) -> int | str | None:
     """Where the Zstandard frame at *start* ends, found from its structure without decoding it.
 
     ``None`` if the frame runs past the end of *data* (a torn frame); a description if *start*
     does not begin a frame of the kind a session log holds (a standard frame with a checksum,
     blocks no larger than a block may be). The offsets of the bytes read to find the end (the
-    frame's header and its blocks' headers) are added to *structure*, if given.
+    frame's header and its blocks' headers) are added to *structure*, if given. A
+    description names bytes as offsets in *data* plus *base* (where *data* starts in the file).
     """
     size = len(data)
     if structure is not None:
@@ -428,14 +565,14 @@ def _frame_end(data: bytes, start: int, structure: list[int] | None = None) -> i
     if size - start < 4:
         return None
     if data[start : start + 4] != _ZSTD_MAGIC:
-        return f"no Zstandard frame starts at byte {start}"
+        return f"no Zstandard frame starts at byte {base + start}"
     if start + 4 >= size:
         return None
     descriptor = data[start + 4]
     if descriptor & 0x18:
-        return f"the frame at byte {start} sets a reserved bit of its header"
+        return f"the frame at byte {base + start} sets a reserved bit of its header"
     if not descriptor & _CHECKSUM_FLAG:
-        return f"the frame at byte {start} has no checksum"
+        return f"the frame at byte {base + start} has no checksum"
     single = bool(descriptor & 0x20)
     header = (
         1
@@ -452,9 +589,15 @@ def _frame_end(data: bytes, start: int, structure: list[int] | None = None) -> i
         block = int.from_bytes(data[position : position + 3], "little")
         kind = (block >> 1) & 3
         if kind == 3:
-            return f"the frame at byte {start} has a block of the reserved type at byte {position}"
+            return (
+                f"the frame at byte {base + start} has a block of the reserved type at byte "
+                f"{base + position}"
+            )
         if block >> 3 > _LARGEST_BLOCK:
-            return f"the frame at byte {start} has a block too large to be one at byte {position}"
+            return (
+                f"the frame at byte {base + start} has a block too large to be one at byte "
+                f"{base + position}"
+            )
         position += 3 + (1 if kind == 1 else block >> 3)
         if position > size:
             return None
@@ -529,39 +672,48 @@ def _salvage(torn: bytes) -> bytes:
     return plaintext
 
 
-def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
-    frames: list[tuple[int, int]] = []
-    offset, damage, torn_frame = 0, "", False
-    while offset < len(data):
-        end = _frame_end(data, offset)
-        if not isinstance(end, int):
-            torn_frame = end is None
-            damage = end or f"the frame at byte {offset} is incomplete"
-            break
-        frames.append((offset, end))
-        offset = end
-    if not frames:
-        if not data or not data.startswith(_ZSTD_MAGIC[: len(data)]):
+def _next_frame(source: _Chunks) -> int | str | None:
+    """Where the frame at :attr:`_Chunks.pos` ends in the buffer, reading on while it runs past
+    the buffer's end; as :func:`_frame_end` at the end of the file."""
+    while True:
+        end = _frame_end(source.buffer, source.pos, base=source.base)
+        kept = len(source.buffer) - source.pos
+        if end is not None or not source.more(source.pos, at_least=2 * kept):
+            return end
+
+
+def _scan_zstd(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
+    end = _next_frame(source)
+    if not isinstance(end, int):
+        start = source.buffer[:4]
+        if not start or not start.startswith(_ZSTD_MAGIC[: len(start)]):
             _not_a_session_log(path, "it does not start with a Zstandard frame")
         raise CorruptLogError(path, None, "the header frame is incomplete", byte=0)
-    first = _decompress(data[: frames[0][1]])
+    first = _decompress(source.buffer[:end])
     if first is None:
         raise CorruptLogError(path, None, "the header frame fails its checksum", byte=0)
     if first.find(b"\n") != len(first) - 1:
         raise CorruptLogError(path, 1, "the first frame is not exactly one header line")
     header = _decode_header(first[:-1], path, fresh_stack=fresh_stack)
     reader = _Reader(path, header, fresh_stack, StoredEvents())
+    source.pos = end
     # The frames' text is read a group of frames at a time (about a run of lines of the fast
     # path each, ending at the end of a line), up to the first frame that fails its checksum.
     group: list[bytes] = []
     grouped, line_number = 0, 2
-    view = memoryview(data)
     failed: int | None = None  # a whole frame that fails its checksum
-    for start, end in frames[1:]:
-        plaintext = _decompress(view[start:end])
-        if plaintext is None:
-            failed = start
+    damage, torn_frame = "", False
+    while source.pos < len(source.buffer) or source.more(source.pos):
+        end = _next_frame(source)
+        if not isinstance(end, int):
+            torn_frame = end is None
+            damage = end or f"the frame at byte {source.base + source.pos} is incomplete"
             break
+        plaintext = _decompress(memoryview(source.buffer)[source.pos : end])
+        if plaintext is None:
+            failed = source.base + source.pos
+            break
+        source.pos = end
         group.append(plaintext)
         grouped += len(plaintext)
         if grouped >= RUN_BYTES and plaintext.endswith(b"\n"):
@@ -577,19 +729,21 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
             byte=failed,
             seq=len(reader.events),
         )
+    offset = source.base + source.pos
+    tail = source.rest()
     salvaged = 0
-    if offset < len(data):
-        intact = _intact_frame_after(data, offset)
+    if tail:
+        intact = _intact_frame_after(tail, 0)
         if intact is not None:
             raise CorruptLogError(
                 path,
                 None,
-                f"{damage}; a whole frame with a valid checksum follows it at byte {intact}, "
-                "so this is not a torn tail",
+                f"{damage}; a whole frame with a valid checksum follows it at byte "
+                f"{offset + intact}, so this is not a torn tail",
                 byte=offset,
                 seq=len(reader.events),
             )
-        flipped = _one_bit_from_whole_frames(data[offset:])
+        flipped = _one_bit_from_whole_frames(tail)
         if flipped is not None:
             raise CorruptLogError(
                 path,
@@ -600,8 +754,8 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
                 seq=len(reader.events),
             )
         if torn_frame:
-            salvaged = _read_salvage(reader, _salvage(data[offset:]))
-    return Scan(header, reader.events, offset, data[offset:], salvaged)
+            salvaged = _read_salvage(reader, _salvage(tail))
+    return Scan(header, reader.events, offset, tail, salvaged)
 
 
 def _read_frames(reader: _Reader, text: bytes, line_number: int, *, last: bool) -> int:
@@ -636,6 +790,31 @@ def _read_salvage(reader: _Reader, text: bytes) -> int:
             break
         offset = end + 1
     return len(reader.events) - count
+
+
+def decode_artifact(data: bytes, path: Path) -> bytes:
+    """The text of the log *data* read from *path*, as written: the bytes themselves, or, for
+    a compressed log, its whole frames decompressed (and the text that a torn final frame's
+    complete blocks hold).
+
+    :raises CorruptLogError: if a whole frame fails its checksum, or is no frame of a log.
+    """
+    if not path.name.endswith(".zstd"):
+        return data
+    texts: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        end = _frame_end(data, offset)
+        if end is None:
+            texts.append(_salvage(data[offset:]))
+            break
+        text = _decompress(data[offset:end]) if isinstance(end, int) else None
+        if not isinstance(end, int) or text is None:
+            problem = end if isinstance(end, str) else "the frame fails its checksum"
+            raise CorruptLogError(path, None, problem, byte=offset)
+        texts.append(text)
+        offset = end
+    return b"".join(texts)
 
 
 def read_header(head: bytes, path: Path) -> SessionHeader:

@@ -56,10 +56,21 @@ from ..errors import (
     PersistenceError,
     UnsupportedFormatError,
 )
+from ..legacy import LegacyRecordError, upgrade_events, upgrade_suffix
 from ..options import check_seconds
 from ..records import RecordError, collector_paused, decode_event, decode_run
 from ..repair import repair_of
-from ..values import PersistenceStatistics, SessionListing, StoredLog
+from ..values import (
+    FORMAT_VERSION,
+    PersistenceStatistics,
+    RawArtifact,
+    SessionListing,
+    SessionLocation,
+    SessionSnapshot,
+    StoredLog,
+    StoredSuffix,
+    check_from_seq,
+)
 from ..workers import run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
@@ -150,6 +161,11 @@ def _decode_each(run: list[str], first: int, location: str) -> list[SessionEvent
                 raise UnsupportedFormatError(f"{location}, seq {seq}: {error.problem}") from None
             raise CorruptRecordError(location, seq, error.problem) from None
     return events
+
+
+def _revision(count: int) -> str:
+    """A stored session's revision: the format version, and how many events it holds."""
+    return f"{FORMAT_VERSION}:{count}"
 
 
 def _default_owner() -> str:
@@ -421,6 +437,68 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         await checkpoint_if_cancelled()  # a listing cancelled meanwhile returns nothing
         return SessionListing(tuple(headers), ())
 
+    supports_raw_artifacts: Final = False
+    """Whether :meth:`read_raw` gives a session's artifact: a database has no file of it."""
+
+    def locate(self, session_id: str, cwd: str | None = None) -> SessionLocation:
+        """Where *session_id* is, or would be, stored: the database and the session; no I/O.
+
+        *cwd* is taken for the same call as the JSONL backend's, and changes nothing here.
+
+        :raises InvalidSessionIdError: if the id cannot be stored.
+        """
+        check_storable_id(session_id)
+        return SessionLocation("postgres", self._location_of(session_id))
+
+    async def revision(self, session_id: str) -> str | None:
+        """The revision of *session_id* (``None`` if it is not stored): the format version and
+        the count of its events, found from their index without reading them. An append, and a
+        repair (which appends closers), change it; nothing else changes a stored session."""
+        count = await run_in_worker(partial(self.store.count_if_stored, session_id))
+        await checkpoint_if_cancelled()
+        return None if count is None else _revision(count)
+
+    async def list_snapshots(self) -> list[SessionSnapshot]:
+        """The header and revision of each stored session, oldest first, in one query."""
+        counts = await run_in_worker(lambda: self.store.list_counts())
+        await checkpoint_if_cancelled()
+        return [SessionSnapshot(header, _revision(count)) for header, count in counts]
+
+    async def read_from(self, session_id: str, from_seq: int) -> StoredSuffix:
+        """The stored events of *session_id* from seq *from_seq* on, exactly as stored (no
+        closers); only those rows are read. A *from_seq* at or past the end gives no events.
+
+        :raises ValueError: if *from_seq* is not a non-negative integer.
+        :raises SessionNotFoundError, CorruptRecordError: as :meth:`inspect`.
+        """
+        check_from_seq(from_seq)
+        header, records, count = await run_in_worker(
+            partial(self.store.read_suffix, session_id, from_seq)
+        )
+        location = self._location_of(session_id)
+        events: Sequence[SessionEvent] = _decode_each(records, from_seq, location)
+        try:
+            upgraded = upgrade_suffix(events, session_id, from_seq)
+        except LegacyRecordError as error:
+            raise CorruptRecordError(location, error.seq, error.problem) from None
+        if upgraded is None:  # an older record needs an earlier one: read the whole log
+            header, whole = await run_in_worker(partial(self._read, self.store, session_id))
+            count, events = len(whole), whole[from_seq:]
+        else:
+            events = upgraded
+        await checkpoint_if_cancelled()
+        return StoredSuffix(header, from_seq, tuple(events), _revision(count))
+
+    async def read_raw(self, session_id: str) -> RawArtifact | None:
+        """Refused: a database stores rows, not an artifact (:attr:`supports_raw_artifacts`).
+
+        :raises PersistenceError: always.
+        """
+        await checkpoint_if_cancelled()
+        raise PersistenceError(
+            f"the PostgreSQL backend does not expose raw artifacts (session {session_id!r})"
+        )
+
     async def inspect(self, session_id: str) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
 
@@ -474,4 +552,8 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         ) -> tuple[SessionHeader, StoredEvents]:
             return header, _decode_records(records, location)
 
-        return store.read_with(session_id, decode)
+        header, events = store.read_with(session_id, decode)
+        try:
+            return header, upgrade_events(events, session_id)
+        except LegacyRecordError as error:
+            raise CorruptRecordError(location, error.seq, error.problem) from None

@@ -1030,6 +1030,79 @@ class PostgresSessionStore:
 
         return self._run(f"reading session {session_id!r}", read)
 
+    def read_suffix(self, session_id: str, from_seq: int) -> tuple[SessionHeader, list[str], int]:
+        """The header of *session_id*, the log lines of its events from seq *from_seq* on, and
+        how many events it holds, all in one read-only snapshot.
+
+        :raises SessionNotFoundError: if the store holds no such session.
+        """
+        check_storable_id(session_id)
+
+        def read(connection: _Connection) -> tuple[SessionHeader, list[str], int]:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = None
+            if not self._no_schema(connection):
+                row = connection.execute(
+                    self._sql(
+                        """SELECT created_at, version, (SELECT coalesce(max(seq) + 1, 0)
+                           FROM {schema}.events WHERE session_id = %(id)s)
+                           FROM {schema}.sessions WHERE session_id = %(id)s"""
+                    ),
+                    {"id": session_id},
+                ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(
+                    f"no session {session_id!r} in the PostgreSQL session store, {self._where}"
+                )
+            records = connection.execute(
+                self._sql(
+                    "SELECT record FROM {schema}.events WHERE session_id = %s AND seq >= %s "
+                    "ORDER BY seq"
+                ),
+                (session_id, from_seq),
+            ).fetchall()
+            return SessionHeader(session_id, row[0], row[1]), list(_first_column(records)), row[2]
+
+        return self._run(f"reading session {session_id!r} from seq {from_seq}", read)
+
+    def count_if_stored(self, session_id: str) -> int | None:
+        """How many events *session_id* holds, or ``None`` if the store has no such session."""
+        check_storable_id(session_id)
+
+        def count(connection: _Connection) -> int | None:
+            if self._no_schema(connection):
+                return None
+            row = connection.execute(
+                self._sql(
+                    """SELECT (SELECT coalesce(max(seq) + 1, 0) FROM {schema}.events
+                               WHERE session_id = %(id)s)
+                       FROM {schema}.sessions WHERE session_id = %(id)s"""
+                ),
+                {"id": session_id},
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return self._run(f"counting the events of session {session_id!r}", count, single=True)
+
+    def list_counts(self) -> list[tuple[SessionHeader, int]]:
+        """The header of every stored session, oldest first, and how many events it holds
+        (found from the events' index, without reading them)."""
+
+        def list_counts(connection: _Connection) -> list[tuple[SessionHeader, int]]:
+            if self._no_schema(connection):
+                return []
+            rows = connection.execute(
+                self._sql(
+                    """SELECT s.session_id, s.created_at, s.version,
+                              (SELECT coalesce(max(e.seq) + 1, 0) FROM {schema}.events AS e
+                               WHERE e.session_id = s.session_id)
+                       FROM {schema}.sessions AS s ORDER BY s.created_at, s.session_id"""
+                )
+            ).fetchall()
+            return [(SessionHeader(row[0], row[1], row[2]), int(row[3])) for row in rows]
+
+        return self._run("listing sessions", list_counts, single=True)
+
     def list_sessions(self) -> list[SessionHeader]:
         """The headers of every stored session, oldest first."""
 
