@@ -39,21 +39,30 @@ import os
 import signal
 import sys
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
 
-from .events import StoredEvents
-from .output import Console, LogView, compact, format_time, print_log, printable
+from .output import (
+    Console,
+    JsonStream,
+    LogView,
+    compact,
+    format_time,
+    print_json,
+    print_log,
+    printable,
+    turn_spans,
+)
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
-    from .events import SessionEvent
     from .host import ModelAdapter
-    from .persistence import Store
+    from .persistence import Store, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -76,6 +85,14 @@ EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 
 class UsageError(Exception):
     """Bad input on the command line: reported on one line, exit status 2."""
+
+
+class _DemoFailed(Exception):
+    """The demo's :class:`~kai_session_checkpoint_policy.demo.DemoError`, as the command
+    reports it (so that other commands need not import the demo)."""
+
+    def __str__(self) -> str:
+        return str(self.__cause__)
 
 
 # -------------------------------------------------------------------------------------------
@@ -148,75 +165,126 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _show_log(args: argparse.Namespace) -> int:
-    """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
-    async with _opened(args.root) as backend:
-        read = backend.load if args.recover else backend.inspect
-        async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
-            log = await read(args.session)
-    if args.turn is not None:
-        numbered = sorted(
-            turn
-            for event in _turn_starts(log.events)
-            if type(turn := event.data.get("turn")) is int
-        )
-        if args.turn not in numbered:
-            held = f"turns {numbered[0]} to {numbered[-1]}" if numbered else "no turn"
-            raise UsageError(f"session {args.session} has no turn {args.turn}: it holds {held}")
+    """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log.
+
+    The events are printed from the log's stored form one at a time, never all made at once;
+    ``inspect --json`` of a whole JSONL log writes each event as soon as it is read.
+    """
+    from .persistence import JsonlSessionPersistence
+
     view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
-    print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
-    sys.stdout.flush()
+    to_terminal = sys.stdout.isatty()
+    whole_json = args.json and not args.recover and args.turn is None and args.tail is None
+    doing = "recovering" if args.recover else "reading"
+    async with _opened(args.root) as backend:
+        streamed = whole_json and isinstance(backend, JsonlSessionPersistence)
+        # Progress on a terminal for the whole command, but not over output on the same one.
+        async with _progress(f"{doing} {args.session}", show=not (streamed and to_terminal)) as (
+            progress
+        ):
+            if isinstance(backend, JsonlSessionPersistence) and streamed:
+                stream = JsonStream(sys.stdout)
+                log = await backend.inspect(args.session, watch=stream)
+                write: Callable[[], None] = partial(
+                    print_json,
+                    log,
+                    stream=sys.stdout,
+                    added_on_disk=False,
+                    view=view,
+                    written=stream.written,
+                )
+            else:
+                log = await (backend.load if args.recover else backend.inspect)(args.session)
+                if args.turn is not None:
+                    _check_turn(log, args)
+                write = partial(
+                    print_log, log, added_on_disk=args.recover, stream=sys.stdout, view=view
+                )
+            if to_terminal:
+                progress.stop()
+            else:
+                progress.what = f"writing {args.session}"
+            await anyio.to_thread.run_sync(partial(_write_out, write))
     return EXIT_OK
 
 
-def _turn_starts(events: Sequence[SessionEvent]) -> list[SessionEvent]:
-    """The ``turn/start`` events of a log, without making the others (where it can tell)."""
-    if isinstance(events, StoredEvents):
-        return events.select({"turn/start"})
-    return [event for event in events if event.type == "turn/start"]
+def _write_out(write: Callable[[], None]) -> None:
+    write()
+    sys.stdout.flush()
+
+
+def _check_turn(log: StoredLog, args: argparse.Namespace) -> None:
+    """Refuse ``--turn N`` of a turn the log does not hold, naming those it holds."""
+    count = len(log.events) - len(log.repair) if args.recover else len(log.events)
+    numbered = sorted(
+        {span.turn for span in turn_spans(log.events, count) if span.turn is not None}
+    )
+    if args.turn not in numbered:
+        held = f"turns {numbered[0]} to {numbered[-1]}" if numbered else "no turn"
+        raise UsageError(f"session {args.session} has no turn {args.turn}: it holds {held}")
 
 
 PROGRESS_DELAY_ENV: Final = "KAI_CHECKPOINT_PROGRESS_DELAY"
-"""Seconds a read may take before its progress is shown (default 1)."""
+"""Seconds a command may take before its progress is shown (default 1)."""
+
+
+class _Progress:
+    """What the progress line says, and whether it is still wanted."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.stopped = False
+        self.shown = False
+
+    def stop(self) -> None:
+        """Erase the line, if shown, and show it no more (output is about to start)."""
+        self.stopped = True
+        self.erase()
+
+    def erase(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 @asynccontextmanager
-async def _progress(what: str) -> AsyncIterator[None]:
-    """Show on standard error, if it is a terminal, how long a slow read has taken so far.
+async def _progress(what: str, *, show: bool = True) -> AsyncIterator[_Progress]:
+    """Show on standard error, if it is a terminal, how long a slow command has taken so far.
 
-    Nothing is shown for a read that takes less than a second; the line is erased when the
-    read ends, so that only the command's output stays.
+    Nothing is shown for a command that takes less than a second; the line is erased when it
+    ends (or is stopped), so that only the command's output stays.
     """
-    if not sys.stderr.isatty():
-        yield
+    progress = _Progress(what)
+    if not show or not sys.stderr.isatty():
+        yield progress
         return
     delay = float(os.environ.get(PROGRESS_DELAY_ENV) or 1.0)
     started = anyio.current_time()
-    shown = False
 
     def draw() -> None:
-        nonlocal shown
+        if progress.stopped:
+            return
         elapsed = anyio.current_time() - started
-        sys.stderr.write(f"\r\x1b[K{PROG}: {printable(what)}... {elapsed:.0f} s")
+        sys.stderr.write(f"\r\x1b[K{PROG}: {printable(progress.what)}... {elapsed:.0f} s")
         sys.stderr.flush()
-        shown = True
+        progress.shown = True
 
-    async def show() -> None:
+    async def keep_drawing() -> None:
         await anyio.sleep(delay)
         while True:
             draw()
             await anyio.sleep(1)
 
     if delay <= 0:
-        draw()  # at once: a delay of 0 shows the line however fast the read is
+        draw()  # at once: a delay of 0 shows the line however fast the command is
     async with anyio.create_task_group() as group:
-        group.start_soon(show)
+        group.start_soon(keep_drawing)
         try:
-            yield
+            yield progress
         finally:
             group.cancel_scope.cancel()
-    if shown:
-        sys.stderr.write("\r\x1b[K")
-        sys.stderr.flush()
+    progress.erase()
 
 
 # -------------------------------------------------------------------------------------------
@@ -225,6 +293,15 @@ async def _progress(what: str) -> AsyncIterator[None]:
 
 
 async def _agent(args: argparse.Namespace) -> int:
+    from .demo import DemoError
+
+    try:
+        return await _run_agent(args)
+    except DemoError as exc:
+        raise _DemoFailed from exc
+
+
+async def _run_agent(args: argparse.Namespace) -> int:
     from .demo import MODEL, PROVIDER, run_agent
     from .persistence import SessionNotFoundError, display_url
 
@@ -288,9 +365,12 @@ def _model_adapter(args: argparse.Namespace) -> ModelAdapter | None:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import DemoError, run_demo
 
-    await run_demo(args.root, Console.for_stream(sys.stdout))
+    try:
+        await run_demo(args.root, Console.for_stream(sys.stdout))
+    except DemoError as exc:
+        raise _DemoFailed from exc
     return EXIT_OK
 
 
@@ -546,7 +626,6 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kai-checkpoint`` with *argv* (default: the process arguments); return the status."""
     from .contract import SessionExistsError
-    from .demo import DemoError
     from .events import StoredDataError
     from .host import SessionError
     from .persistence import PersistenceError
@@ -580,7 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, StoredDataError, SessionExistsError, *bad_input) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DemoError, OSError, PersistenceError, SessionError) as exc:
+    except (_DemoFailed, OSError, PersistenceError, SessionError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:

@@ -69,6 +69,7 @@ from .format import (
     ZSTD_LOG_NAME,
     Compression,
     Scan,
+    Watch,
     compress_frame,
     encode_events,
     encode_header,
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ...contract import SessionLogLike
-    from ...events import SessionEvent
+    from ...events import SessionEvent, StoredEvents
 
 __all__ = [
     "DEFAULT_COMPRESSION",
@@ -708,8 +709,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         await checkpoint_if_cancelled()  # a listing cancelled meanwhile returns nothing
         return listing
 
-    async def inspect(self, session_id: str) -> StoredLog:
+    async def inspect(self, session_id: str, *, watch: Watch | None = None) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
+
+        *watch*, if given, is called in a worker thread as the log is read, with its header
+        and the events read so far (:data:`~.format.Watch`); what it raises stops the read.
 
         :raises SessionNotFoundError: if there is no log for *session_id*.
         :raises CorruptLogError: if the committed region is damaged.
@@ -718,7 +722,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         :raises PersistenceError: if the log's header names another session.
         """
         found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
-        scan, repair = await anyio.to_thread.run_sync(self._read_log, found.path, session_id)
+        read = partial(self._read_log, found.path, session_id, watch)
+        scan, repair = await anyio.to_thread.run_sync(read)
         await checkpoint_if_cancelled()
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
 
@@ -843,14 +848,16 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             target = earlier.with_name(f"{earlier.name}{MIGRATED_SUFFIX}.{attempt}")
         self.files.rename(earlier, target)
 
-    def _read_log(self, path: Path, session_id: str) -> tuple[Scan, tuple[SessionEvent, ...]]:
+    def _read_log(
+        self, path: Path, session_id: str, watch: Watch | None = None
+    ) -> tuple[Scan, tuple[SessionEvent, ...]]:
         """Read the log of *session_id* at *path*: what it holds, and the closers it needs.
 
         Bytes were cut after the events if they are torn now, or if a recovery cut them there
         and stopped before closing the turn (the bytes it kept are named after the offset);
         what that recovery salvaged from them is salvaged again from the kept copy.
         """
-        scan = self._scan_session(self._read(path, session_id), path, session_id)
+        scan = self._scan_session(self._read(path, session_id), path, session_id, watch)
         kept = _kept_copies(path, scan.committed_bytes)
         tail_cut = bool(scan.torn) or bool(kept)
         if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
@@ -930,16 +937,31 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _scan_session(self, data: bytes, path: Path, session_id: str) -> Scan:
+    def _scan_session(
+        self, data: bytes, path: Path, session_id: str, watch: Watch | None = None
+    ) -> Scan:
         """:func:`scan_log`, refusing a log whose header names another session (a copied log),
-        or a place other than where it is."""
-        scan = scan_log(data, path)
-        if scan.header.id != session_id:
-            raise MisplacedLogError(
-                f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
-                "refusing to read or change it as that session"
-            )
-        self._expected_log(scan.header, path)
+        or a place other than where it is (before *watch* sees any of it)."""
+        checked = False
+
+        def check(header: SessionHeader) -> None:
+            nonlocal checked
+            if not checked:
+                if header.id != session_id:
+                    raise MisplacedLogError(
+                        f"{path} belongs to session {header.id!r}, not {session_id!r}; "
+                        "refusing to read or change it as that session"
+                    )
+                self._expected_log(header, path)
+                checked = True
+
+        def watched(header: SessionHeader, events: StoredEvents) -> None:
+            check(header)
+            if watch is not None:
+                watch(header, events)
+
+        scan = scan_log(data, path, watch=None if watch is None else watched)
+        check(scan.header)
         return scan
 
 

@@ -74,7 +74,7 @@ else:
     from backports import zstd
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from ...events import JSONObject, SessionEvent
@@ -89,6 +89,7 @@ __all__ = [
     "ZSTD_LOG_NAME",
     "Compression",
     "Scan",
+    "Watch",
     "compress_frame",
     "encode_events",
     "encode_header",
@@ -99,6 +100,9 @@ __all__ = [
 ]
 
 Compression: TypeAlias = Literal["none", "zstd"]
+Watch: TypeAlias = "Callable[[SessionHeader, StoredEvents], None]"
+"""Called as a scan goes, with the header and the events read so far (the same object each
+time, longer each time); what it raises stops the scan."""
 COMPRESSIONS: Final[tuple[Compression, ...]] = ("none", "zstd")
 
 EARLIER_FORMAT: Final = "kai-session"
@@ -299,7 +303,7 @@ def compress_frame(data: bytes) -> bytes:
 # -- reading a log ------------------------------------------------------------------------------
 
 
-def scan_log(data: bytes, path: Path) -> Scan:
+def scan_log(data: bytes, path: Path, *, watch: Watch | None = None) -> Scan:
     """Read a whole log (compressed if *path* ends in ``.zstd``); separate its committed events
     from a torn tail.
 
@@ -314,7 +318,8 @@ def scan_log(data: bytes, path: Path) -> Scan:
     frame, if no whole frame with a valid checksum follows the damage; the complete lines at
     the start of a torn final frame are kept (salvaged).
 
-    How deep the caller's stack is does not matter.
+    How deep the caller's stack is does not matter. *watch*, if given, sees the events as they
+    are read (a scan started again on a fresh stack gives it another, shorter, object).
 
     :raises CorruptLogError: naming *path* and the line (or the byte of a damaged frame).
     :raises UnsupportedFormatError: if the header has another format version, the log is not
@@ -322,9 +327,9 @@ def scan_log(data: bytes, path: Path) -> Scan:
     """
     scan = _scan_zstd if path.name.endswith(".zstd") else _scan_plain
     try:
-        return scan(data, path, fresh_stack=False)
+        return scan(data, path, fresh_stack=False, watch=watch)
     except RecursionError:  # the caller's stack, or a line, is too deep to decode on it
-        return on_fresh_stack(partial(scan, data, path, fresh_stack=True))
+        return on_fresh_stack(partial(scan, data, path, fresh_stack=True, watch=watch))
 
 
 @dataclass(slots=True)
@@ -335,6 +340,7 @@ class _Reader:
     header: SessionHeader
     fresh_stack: bool
     events: StoredEvents
+    watch: Watch | None = None
 
     def bulk(self, data: bytes, offset: int) -> int:
         """Decode complete lines from *offset* on with the fast paths; return where they
@@ -348,6 +354,8 @@ class _Reader:
                 if not decode_run(events, data, offset, stop + 1, earlier=earlier):
                     break
                 offset = stop + 1
+                if self.watch is not None:
+                    self.watch(self.header, events)
         return offset
 
     def line(self, line: bytes) -> Columns:
@@ -361,6 +369,8 @@ class _Reader:
 
     def add(self, columns: Columns) -> None:
         self.events.extend_stored(*columns)
+        if self.watch is not None:
+            self.watch(self.header, self.events)
 
     def refuse(self, line_number: int, error: RecordError) -> NoReturn:
         if error.unsupported:
@@ -370,14 +380,14 @@ class _Reader:
         raise CorruptLogError(self.path, line_number, error.problem, seq=len(self.events))
 
 
-def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
+def _scan_plain(data: bytes, path: Path, *, fresh_stack: bool, watch: Watch | None = None) -> Scan:
     if data.startswith(_ZSTD_MAGIC):
         _not_a_session_log(path, "it holds Zstandard data (a compressed log ends in .zstd)")
     end = data.find(b"\n")
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
     header = _decode_header(data[:end], path, fresh_stack=fresh_stack)
-    reader = _Reader(path, header, fresh_stack, StoredEvents())
+    reader = _Reader(path, header, fresh_stack, StoredEvents(), watch)
     offset = committed = reader.bulk(data, end + 1)
     line_number = 2 + data.count(b"\n", end + 1, offset)
     damage: tuple[int, RecordError, int] | None = None  # the first damaged line, and its seq
@@ -529,7 +539,7 @@ def _salvage(torn: bytes) -> bytes:
     return plaintext
 
 
-def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
+def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool, watch: Watch | None = None) -> Scan:
     frames: list[tuple[int, int]] = []
     offset, damage, torn_frame = 0, "", False
     while offset < len(data):
@@ -550,7 +560,7 @@ def _scan_zstd(data: bytes, path: Path, *, fresh_stack: bool) -> Scan:
     if first.find(b"\n") != len(first) - 1:
         raise CorruptLogError(path, 1, "the first frame is not exactly one header line")
     header = _decode_header(first[:-1], path, fresh_stack=fresh_stack)
-    reader = _Reader(path, header, fresh_stack, StoredEvents())
+    reader = _Reader(path, header, fresh_stack, StoredEvents(), watch)
     # The frames' text is read a group of frames at a time (about a run of lines of the fast
     # path each, ending at the end of a line), up to the first frame that fails its checksum.
     group: list[bytes] = []
