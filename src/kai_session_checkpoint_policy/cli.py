@@ -7,9 +7,10 @@ Subcommands::
                          [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
                          [--lease-ttl SECONDS]
                          [--model-url URL --model NAME [--api-key-env NAME]]
-    kai-checkpoint list ROOT
-    kai-checkpoint inspect ROOT SESSION [--json]
-    kai-checkpoint recover ROOT SESSION [--json]
+    kai-checkpoint list ROOT [--json] [--needs-attention]
+    kai-checkpoint stats ROOT [--json]
+    kai-checkpoint inspect ROOT SESSION [--json | --summary] [--tail N] [--turn N]
+    kai-checkpoint recover ROOT SESSION [--json | --summary] [--tail N] [--turn N]
     kai-checkpoint copy SOURCE TARGET [--session ID]
 
 Every ROOT, STORE, SOURCE and TARGET is a store URL: a directory (the JSONL backend) or a
@@ -49,7 +50,9 @@ from .output import (
     Console,
     JsonStream,
     LogView,
+    attention,
     compact,
+    each_of,
     format_time,
     print_json,
     print_log,
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
 
     from .host import ModelAdapter
-    from .persistence import Store, StoredLog
+    from .persistence import SessionHeader, Store, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -141,6 +144,8 @@ async def _list(args: argparse.Namespace) -> int:
     """The intact sessions on standard output; one line per unreadable one on standard error."""
     from .persistence import JsonlSessionPersistence, display_url
 
+    if args.needs_attention:
+        return await _needs_attention(args)
     async with _opened(args.root) as backend:
         listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout, live=False)
@@ -162,6 +167,115 @@ async def _list(args: argparse.Namespace) -> int:
         directory = printable(str(problem.directory))
         print(f"{PROG}: cannot list {directory}: {_problem(problem.error)}", file=sys.stderr)
     return EXIT_BAD_INPUT if listing.problems else EXIT_OK
+
+
+async def _surveyed(
+    backend: Store, what: str, failed: list[Exception]
+) -> AsyncIterator[tuple[SessionHeader, StoredLog]]:
+    """Each intact session of *backend*, oldest first, read without changing anything.
+
+    Each session that cannot be read gets a line on standard error naming it, and its error
+    is added to *failed* (the command then exits with status 2).
+    """
+    from .events import StoredDataError
+    from .persistence import PersistenceError
+
+    listing = await backend.scan_sessions()
+    for problem in listing.problems:
+        directory = printable(str(problem.directory))
+        print(f"{PROG}: cannot {what} {directory}: {_problem(problem.error)}", file=sys.stderr)
+        failed.append(problem.error)
+    for header in listing.headers:
+        try:
+            log = await backend.inspect(header.id)
+        except (PersistenceError, OSError, StoredDataError) as exc:
+            session = printable(header.id)
+            print(f"{PROG}: cannot {what} session {session}: {_problem(exc)}", file=sys.stderr)
+            failed.append(exc)
+        else:
+            yield header, log
+
+
+async def _needs_attention(args: argparse.Namespace) -> int:
+    """``list --needs-attention``: the sessions whose last turn is open, or whose last
+    unknown outcome no model has answered yet."""
+    failed: list[Exception] = []
+    console = Console.for_stream(sys.stdout, live=False)
+    async with _opened(args.root) as backend:
+        async for header, log in _surveyed(backend, "read", failed):
+            found = attention(log.events)
+            if not found.needed:
+                continue
+            if args.json:
+                record = {
+                    "id": header.id,
+                    "createdAt": header.created_at,
+                    "version": header.version,
+                    "openTurn": None if found.open_turn is None else found.turn,
+                    "turnOpen": found.open_turn is not None,
+                    "unanswered": list(found.unanswered),
+                }
+                console.line(json.dumps(record, separators=(",", ":")))
+            else:
+                created = format_time(header.created_at)
+                console.line(f"{printable(header.id)}\t{created}\t{found.reasons()}")
+    sys.stdout.flush()
+    return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    """``stats``: the store's sessions, events and bytes, and its oldest open turn."""
+    from .persistence import JsonlSessionPersistence
+
+    sessions = events = size = open_turns = 0
+    failed: list[Exception] = []
+    oldest: tuple[int, str, int | None] | None = None  # when it started, the session, the turn
+    async with _opened(args.root) as backend:
+        async for header, log in _surveyed(backend, "count", failed):
+            sessions += 1
+            count = len(log.events)
+            events += count
+            if isinstance(backend, JsonlSessionPersistence):
+                size += os.stat(log.location).st_size
+            else:  # the records' JSON text, as the database holds it
+                each = each_of(log.events, range(count))
+                size += sum(len(event.encode().encode()) for event in each)
+            found = attention(log.events)
+            if found.open_turn is not None:
+                open_turns += 1
+                started = (found.open_turn.time, header.id, found.turn)
+                oldest = started if oldest is None else min(oldest, started)
+    unreadable = len(failed)
+    console = Console.for_stream(sys.stdout, live=False)
+    if args.json:
+        turn = None
+        if oldest is not None:
+            turn = {"session": oldest[1], "turn": oldest[2], "startedAt": oldest[0]}
+        record = {
+            "sessions": sessions,
+            "unreadable": unreadable,
+            "events": events,
+            "bytes": size,
+            "openTurns": open_turns,
+            "oldestOpenTurn": turn,
+        }
+        console.line(json.dumps(record, separators=(",", ":")))
+    else:
+        console.line(f"sessions          {sessions}")
+        if unreadable:
+            console.line(f"unreadable        {unreadable}")
+        console.line(f"events            {events}")
+        console.line(f"bytes             {size}")
+        console.line(f"open turns        {open_turns}")
+        if oldest is not None:
+            since, session, number = oldest
+            what = "a turn" if number is None else f"turn {number}"
+            console.line(
+                f"oldest open turn  {what} of session {printable(session)}, "
+                f"started {format_time(since)}"
+            )
+    sys.stdout.flush()
+    return EXIT_BAD_INPUT if unreadable else EXIT_OK
 
 
 async def _show_log(args: argparse.Namespace) -> int:
@@ -536,7 +650,27 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--json", action="store_true", help="one object per session: id, createdAt, version"
     )
+    listing.add_argument(
+        "--needs-attention",
+        action="store_true",
+        help="only the sessions whose last turn is open, or whose last unknown tool outcome no "
+        "model has answered yet, and why (reads every log)",
+    )
     listing.set_defaults(run=_list)
+
+    stats = commands.add_parser(
+        "stats",
+        help="how many sessions, events and bytes ROOT holds, and its oldest open turn",
+        description=(
+            "Count what the store ROOT (a directory, or a postgresql:// URI) holds: its "
+            "sessions, their events, their bytes (a directory: the log files as stored; a "
+            "database: the records' JSON text), the turns still open and the oldest of them. "
+            "Every log is read; nothing is written."
+        ),
+    )
+    stats.add_argument("root", metavar="ROOT", help="a directory or a postgresql:// URI")
+    stats.add_argument("--json", action="store_true", help="one object with the same figures")
+    stats.set_defaults(run=_stats)
 
     for name, summary in (
         ("inspect", "read-only: the stored log, and the repair recovery would add, marked as such"),

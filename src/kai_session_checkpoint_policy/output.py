@@ -28,11 +28,13 @@ if TYPE_CHECKING:
     from .persistence import SessionHeader, StoredLog
 
 __all__ = [
+    "Attention",
     "Console",
     "JsonStream",
     "LogSummary",
     "LogView",
     "TurnSpan",
+    "attention",
     "compact",
     "describe",
     "each_of",
@@ -318,10 +320,9 @@ def each_of(events: Sequence[SessionEvent], seqs: Iterable[int]) -> Iterator[Ses
     return map(events.__getitem__, seqs)
 
 
-def _positions(types: Sequence[str], event_type: str, count: int) -> list[int]:
-    """Where the first *count* events have the type *event_type*."""
+def _positions(types: Sequence[str], event_type: str, count: int, start: int = 0) -> list[int]:
+    """Where the events from *start* to *count* have the type *event_type*."""
     found: list[int] = []
-    start = 0
     try:
         while True:  # a list finds each in C, comparing identity first (types are shared)
             start = types.index(event_type, start, count) + 1
@@ -372,8 +373,8 @@ def summarize(
     counted = Counter(types[:count] if count < len(types) else types)
     open_turn: int | None = None
     open_events = 0
-    last_start = _last(types, "turn/start", count)
-    if last_start is not None and last_start > (_last(types, "turn/end", count) or -1):
+    last_start = _open_turn_start(types, count)
+    if last_start is not None:
         # The log ends inside the turn that starts there (a turn/end belongs to the turn it
         # closes, so a log that ends with one has no open turn).
         (start,) = each_of(stored, [last_start])
@@ -391,12 +392,74 @@ def summarize(
     )
 
 
+def _open_turn_start(types: Sequence[str], count: int) -> int | None:
+    """Where the ``turn/start`` of the turn the first *count* events end inside is, if any."""
+    start = _last(types, "turn/start", count)
+    end = _last(types, "turn/end", count)
+    return start if start is not None and (end is None or start > end) else None
+
+
 def _last(types: Sequence[str], event_type: str, count: int) -> int | None:
     """Where the last of the first *count* events of type *event_type* is, if any."""
     for position in range(count - 1, -1, -1):
         if types[position] == event_type:
             return position
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """What in a stored log may need a person: the turn it ends inside, and the tool calls
+    answered with an unknown outcome that no model has answered since."""
+
+    open_turn: SessionEvent | None
+    """The ``turn/start`` of the turn the log ends inside, if it does."""
+    unanswered: tuple[str, ...]
+    """The call ids of the ``tool/result`` events with ``TOOL_OUTCOME_UNKNOWN`` after the last
+    ``assistant/message``."""
+
+    @property
+    def needed(self) -> bool:
+        return self.open_turn is not None or bool(self.unanswered)
+
+    @property
+    def turn(self) -> int | None:
+        """The open turn's number, if it has a whole number."""
+        turn = None if self.open_turn is None else self.open_turn.data.get("turn")
+        return turn if type(turn) is int else None
+
+    def reasons(self) -> str:
+        """Why, in words: ``turn 3 is open; unknown outcome of call-7 not yet answered``."""
+        reasons = []
+        if self.open_turn is not None:
+            turn = self.turn
+            reasons.append("a turn is open" if turn is None else f"turn {turn} is open")
+        if self.unanswered:
+            calls = ", ".join(printable(call_id) for call_id in self.unanswered)
+            reasons.append(f"unknown outcome of {calls} not yet answered")
+        return "; ".join(reasons)
+
+
+def attention(stored: Sequence[SessionEvent]) -> Attention:
+    """What in *stored* may need a person (:class:`Attention`); only the events that tell it
+    are read: the last ``turn/start``, and the ``tool/result`` events after the last
+    ``assistant/message``."""
+    from .results import TOOL_OUTCOME_UNKNOWN
+
+    count = len(stored)
+    types = types_of(stored)
+    open_turn = None
+    last_start = _open_turn_start(types, count)
+    if last_start is not None:
+        (open_turn,) = each_of(stored, [last_start])
+    answered = _last(types, "assistant/message", count)
+    results = _positions(types, "tool/result", count, 0 if answered is None else answered)
+    unanswered = []
+    for result in each_of(stored, results):
+        failure = eventdata.error_of(result.data)
+        if failure is not None and failure["code"] == TOOL_OUTCOME_UNKNOWN:
+            unanswered.append(eventdata.result_call_id(result.data) or "?")
+    return Attention(open_turn, tuple(unanswered))
 
 
 def print_events(console: Console, events: Iterable[SessionEvent], *, mark: str = " ") -> None:
