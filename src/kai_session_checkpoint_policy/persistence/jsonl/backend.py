@@ -736,8 +736,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
         :raises LiveSessionError: if the session is live here and its turn is still open.
         :raises SessionLockedError: if another process is writing the session.
-        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError,
-            PersistenceError: as :meth:`inspect`; nothing is changed.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError, PersistenceError:
+            as :meth:`inspect`; nothing is changed.
         """
         return await super().load(session_id)
 
