@@ -485,6 +485,30 @@ def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
     assert [name.rsplit("-", 1)[0] for name in names][:2] == ["pay-invoice", "crash"]
 
 
+@pytest.mark.crash
+def test_demo_keeps_its_temporary_directory_when_asked_and_says_where(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [*COMMAND, "demo", "--keep"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert (completed.returncode, completed.stderr) == (0, "")
+    lines = completed.stdout.splitlines()
+    assert any(line.endswith("; $ the tool's effect on the world") for line in lines)
+    (kept,) = tmp_path.glob("kai-checkpoint-demo-*/sessions")
+    assert lines[-1] == f"The sessions stay in {kept}: try 'kai-checkpoint list {kept}'."
+    listed = subprocess.run(
+        [*COMMAND, "list", str(kept)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()][:2] == [
+        "pay-invoice",
+        "crash",
+    ]
+
+
 # -------------------------------------------------------------------------------------------
 # Untrusted text in human-readable output
 # -------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    kai-checkpoint demo [--root STORE]
+    kai-checkpoint demo [--root STORE | --keep]
     kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE]
                          [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
                          [--lease-ttl SECONDS]
@@ -482,7 +482,7 @@ async def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoError, run_demo
 
     try:
-        await run_demo(args.root, Console.for_stream(sys.stdout))
+        await run_demo(args.root, Console.for_stream(sys.stdout), keep=args.keep)
     except DemoError as exc:
         raise _DemoFailed from exc
     return EXIT_OK
@@ -590,7 +590,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--root",
         metavar="STORE",
-        help="keep the sessions in STORE (default: a temporary directory)",
+        help="keep the sessions in STORE (default: a temporary directory, removed at the end)",
+    )
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (sessions, ledgers, markers) and say where it is",
     )
     demo.set_defaults(run=_demo)
 
