@@ -203,6 +203,40 @@ def test_progress_appears_on_a_terminal_and_is_erased(two_turns: Path) -> None:
     assert b"11 events in 2 turns" in out
 
 
+def on_a_terminal(*args: str | Path) -> bytes:
+    """What the command writes to a terminal that is both its standard output and error."""
+    parent, child_side = pty.openpty()
+    environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
+    with subprocess.Popen(
+        [*COMMAND, *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        stdout=child_side,
+        stderr=child_side,
+        env=environment,
+    ) as child:
+        os.close(child_side)
+        terminal = read_all(parent)
+        assert child.wait(30) == 0
+    os.close(parent)
+    return terminal.replace(b"\r\n", b"\n")
+
+
+def test_progress_on_the_terminal_of_the_output_stops_where_the_output_starts(
+    two_turns: Path,
+) -> None:
+    terminal = on_a_terminal("inspect", two_turns, "s", "--summary")
+    progress, erased, output = terminal.rpartition(b"\r\x1b[K")
+    assert progress.startswith(b"\r\x1b[Kkai-checkpoint: reading s... 0 s")
+    assert erased
+    assert output.startswith(b"\x1b[1msession s\x1b[0m")
+    assert b"kai-checkpoint:" not in output
+    assert b"11 events in 2 turns\n" in output
+    # JSON written as it is read is its own progress: no line over it.
+    terminal = on_a_terminal("inspect", two_turns, "s", "--json")
+    assert b"\x1b[K" not in terminal
+    assert terminal.startswith(b'{"header":')
+
+
 def test_no_progress_when_standard_error_is_not_a_terminal(two_turns: Path) -> None:
     environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
     completed = subprocess.run(
