@@ -871,6 +871,31 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
         assert errors == b""
 
 
+def test_ctrl_c_stops_a_long_output_at_once(tmp_path: Path) -> None:
+    chunk: JSONObject = {"chunk": {"type": "text-delta", "text": "x" * 40}}
+    chunks = [("assistant/chunk", chunk)] * 20_000
+    write_log(tmp_path, "long", log_bytes("long", events(*chunks)))  # far more than a pipe holds
+    for options in ((), ("--json",)):
+        child = subprocess.Popen(
+            [*COMMAND, "inspect", str(tmp_path), "long", *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        assert child.stderr is not None
+        try:
+            first = child.stdout.readline()  # the output has started, and fills the pipe
+            child.send_signal(signal.SIGINT)
+            rest = child.stdout.read()
+            errors = child.stderr.read()
+            assert child.wait(60) == 130
+        finally:
+            reap(child)
+        assert first
+        assert (first + rest).count(b"\n") < 20_000 // 2  # stopped, not written to the end
+        assert errors == b""
+
+
 def _limit_file_size() -> None:
     import resource
 

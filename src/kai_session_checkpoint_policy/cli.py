@@ -39,10 +39,11 @@ import logging
 import os
 import signal
 import sys
-from contextlib import asynccontextmanager
+import threading
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn, TextIO, cast
 
 import anyio
 
@@ -62,7 +63,8 @@ from .output import (
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+    from types import FrameType
 
     from .host import ModelAdapter
     from .persistence import SessionHeader, Store, StoredLog
@@ -284,9 +286,19 @@ async def _show_log(args: argparse.Namespace) -> int:
     The events are printed from the log's stored form one at a time, never all made at once;
     ``inspect --json`` of a whole JSONL log writes each event as soon as it is read.
     """
+    view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
+    out = _Stoppable(sys.stdout)
+    stdout = cast("TextIO", out)
+    with _stopped_by_interrupt(out):
+        try:
+            return await _show(args, view, out, stdout)
+        except _Stopped:  # JSON written as it was read
+            raise KeyboardInterrupt from None
+
+
+async def _show(args: argparse.Namespace, view: LogView, out: _Stoppable, stdout: TextIO) -> int:
     from .persistence import JsonlSessionPersistence
 
-    view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
     to_terminal = sys.stdout.isatty()
     whole_json = args.json and not args.recover and args.turn is None and args.tail is None
     doing = "recovering" if args.recover else "reading"
@@ -297,12 +309,12 @@ async def _show_log(args: argparse.Namespace) -> int:
             progress
         ):
             if isinstance(backend, JsonlSessionPersistence) and streamed:
-                stream = JsonStream(sys.stdout)
+                stream = JsonStream(stdout)
                 log = await backend.inspect(args.session, watch=stream)
                 write: Callable[[], None] = partial(
                     print_json,
                     log,
-                    stream=sys.stdout,
+                    stream=stdout,
                     added_on_disk=False,
                     view=view,
                     written=stream.written,
@@ -312,19 +324,78 @@ async def _show_log(args: argparse.Namespace) -> int:
                 if args.turn is not None:
                     _check_turn(log, args)
                 write = partial(
-                    print_log, log, added_on_disk=args.recover, stream=sys.stdout, view=view
+                    print_log, log, added_on_disk=args.recover, stream=stdout, view=view
                 )
+            if out.stopped:  # interrupted while reading, which cannot be cancelled
+                raise KeyboardInterrupt
             if to_terminal:
                 progress.stop()
             else:
                 progress.what = f"writing {args.session}"
-            await anyio.to_thread.run_sync(partial(_write_out, write))
+            try:  # in a thread, so that the progress goes on; stopped when interrupted
+                await anyio.to_thread.run_sync(partial(_write_out, write), abandon_on_cancel=True)
+            finally:
+                interrupted, out.stopped = out.stopped, True
+    if interrupted:  # a read that cannot be cancelled ended, and nothing was written after it
+        raise KeyboardInterrupt
     return EXIT_OK
 
 
+@contextmanager
+def _stopped_by_interrupt(out: _Stoppable) -> Iterator[None]:
+    """Stop the writes to *out* at the first SIGINT (Ctrl-C), which then interrupts the
+    command as usual; only in the main thread, where signals are handled."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(number: int, frame: FrameType | None) -> None:
+        out.stopped = True
+        if callable(previous):
+            previous(number, frame)
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _write_out(write: Callable[[], None]) -> None:
-    write()
-    sys.stdout.flush()
+    try:
+        write()
+        sys.stdout.flush()
+    except _Stopped:
+        pass
+
+
+class _Stopped(Exception):
+    """The command was interrupted while its output was being written."""
+
+
+class _Stoppable:
+    """Standard output, for a writer in another thread that must stop when the command is
+    interrupted (Ctrl-C): its next write raises :class:`_Stopped`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.stopped = False
+
+    def write(self, text: str) -> int:
+        if self.stopped:
+            raise _Stopped
+        return self.stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
 
 
 def _check_turn(log: StoredLog, args: argparse.Namespace) -> None:
