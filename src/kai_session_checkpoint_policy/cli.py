@@ -40,7 +40,7 @@ import os
 import signal
 import sys
 import threading
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn, TextIO, cast
@@ -63,8 +63,7 @@ from .output import (
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-    from types import FrameType
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
     from .host import ModelAdapter
     from .persistence import SessionHeader, Store, StoredLog
@@ -289,11 +288,19 @@ async def _show_log(args: argparse.Namespace) -> int:
     view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
     out = _Stoppable(sys.stdout)
     stdout = cast("TextIO", out)
-    with _stopped_by_interrupt(out):
-        try:
-            return await _show(args, view, out, stdout)
-        except _Stopped:  # JSON written as it was read
-            raise KeyboardInterrupt from None
+    status = EXIT_OK
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            if threading.current_thread() is threading.main_thread():
+                group.start_soon(_stop_on_interrupt, out, scope)
+            try:
+                status = await _show(args, view, out, stdout)
+            except _Stopped:  # JSON written as it was read
+                out.stopped = True
+            group.cancel_scope.cancel()
+    if out.stopped:
+        raise KeyboardInterrupt
+    return status
 
 
 async def _show(args: argparse.Namespace, view: LogView, out: _Stoppable, stdout: TextIO) -> int:
@@ -327,39 +334,27 @@ async def _show(args: argparse.Namespace, view: LogView, out: _Stoppable, stdout
                     print_log, log, added_on_disk=args.recover, stream=stdout, view=view
                 )
             if out.stopped:  # interrupted while reading, which cannot be cancelled
-                raise KeyboardInterrupt
+                return EXIT_OK  # (the caller tells the interrupt)
             if to_terminal:
                 progress.stop()
             else:
                 progress.what = f"writing {args.session}"
-            try:  # in a thread, so that the progress goes on; stopped when interrupted
-                await anyio.to_thread.run_sync(partial(_write_out, write), abandon_on_cancel=True)
-            finally:
-                interrupted, out.stopped = out.stopped, True
-    if interrupted:  # a read that cannot be cancelled ended, and nothing was written after it
-        raise KeyboardInterrupt
+            # In a thread, so that the progress goes on; stopped when interrupted.
+            await anyio.to_thread.run_sync(partial(_write_out, write), abandon_on_cancel=True)
     return EXIT_OK
 
 
-@contextmanager
-def _stopped_by_interrupt(out: _Stoppable) -> Iterator[None]:
-    """Stop the writes to *out* at the first SIGINT (Ctrl-C), which then interrupts the
-    command as usual; only in the main thread, where signals are handled."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
+async def _stop_on_interrupt(out: _Stoppable, scope: anyio.CancelScope) -> None:
+    """At the first SIGINT (Ctrl-C), stop the writes to *out* and cancel *scope*.
 
-    def interrupt(number: int, frame: FrameType | None) -> None:
-        out.stopped = True
-        if callable(previous):
-            previous(number, frame)
-
-    signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    The signal wakes the event loop whichever thread it reaches; a write in progress in a
+    worker thread stops at its next line, and a read that cannot be cancelled at its end.
+    """
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            out.stopped = True
+            scope.cancel()
+            return
 
 
 def _write_out(write: Callable[[], None]) -> None:
