@@ -289,6 +289,7 @@ async def _show_log(args: argparse.Namespace) -> int:
     out = _Stoppable(sys.stdout)
     stdout = cast("TextIO", out)
     status = EXIT_OK
+    failed: Exception | None = None
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
             if threading.current_thread() is threading.main_thread():
@@ -297,9 +298,13 @@ async def _show_log(args: argparse.Namespace) -> int:
                 status = await _show(args, view, out, stdout)
             except _Stopped:  # JSON written as it was read
                 out.stopped = True
+            except Exception as exc:  # raised below as it is, not in an exception group
+                failed = exc
             group.cancel_scope.cancel()
     if out.stopped:
         raise KeyboardInterrupt
+    if failed is not None:
+        raise failed
     return status
 
 
