@@ -6,7 +6,9 @@ project = "kai-session-checkpoint-policy"
 author = "kai-session-checkpoint-policy developers"
 copyright = "the kai-session-checkpoint-policy developers"
 
-extensions = ["myst_parser"]
+extensions = ["myst_parser", "sphinx.ext.autodoc"]
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "examples"]

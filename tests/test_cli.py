@@ -492,6 +492,30 @@ def test_demo_tells_the_three_parts(tmp_path: Path) -> None:
     assert [name.rsplit("-", 1)[0] for name in names][:2] == ["pay-invoice", "crash"]
 
 
+@pytest.mark.crash
+def test_demo_keeps_its_temporary_directory_when_asked_and_says_where(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [*COMMAND, "demo", "--keep"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert (completed.returncode, completed.stderr) == (0, "")
+    lines = completed.stdout.splitlines()
+    assert any(line.endswith("; $ the tool's effect on the world") for line in lines)
+    (kept,) = tmp_path.glob("kai-checkpoint-demo-*/sessions")
+    assert lines[-1] == f"The sessions stay in {kept}: try 'kai-checkpoint list {kept}'."
+    listed = subprocess.run(
+        [*COMMAND, "list", str(kept)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()][:2] == [
+        "pay-invoice",
+        "crash",
+    ]
+
+
 # -------------------------------------------------------------------------------------------
 # Untrusted text in human-readable output
 # -------------------------------------------------------------------------------------------
@@ -851,6 +875,32 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path: Path) -> None:
         finally:
             reap(child)
         assert first.startswith(b'{"header":{' if options else b"session long ")
+        assert errors == b""
+
+
+def test_ctrl_c_stops_a_long_output_at_once(tmp_path: Path) -> None:
+    chunk: JSONObject = {"chunk": {"type": "text-delta", "text": "x" * 40}}
+    chunks = [("assistant/chunk", chunk)] * 200_000
+    # Far more than a pipe holds: the output blocks until it is read, and takes a while then.
+    write_log(tmp_path, "long", log_bytes("long", events(*chunks)))
+    for options in ((), ("--json",)):
+        child = subprocess.Popen(
+            [*COMMAND, "inspect", str(tmp_path), "long", *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        assert child.stderr is not None
+        try:
+            first = child.stdout.readline()  # the output has started, and fills the pipe
+            child.send_signal(signal.SIGINT)
+            rest = child.stdout.read()
+            errors = child.stderr.read()
+            assert child.wait(60) == 130
+        finally:
+            reap(child)
+        assert first
+        assert (first + rest).count(b"\n") < 200_000 // 2  # stopped, not written to the end
         assert errors == b""
 
 

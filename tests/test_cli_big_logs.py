@@ -9,16 +9,33 @@ import pty
 import select
 import subprocess
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
 
 from kai_session_checkpoint_policy import JsonlSessionPersistence, JSONObject, cli, output
+from kai_session_checkpoint_policy.events import SessionEvent, StoredEvents
+from kai_session_checkpoint_policy.persistence.jsonl.format import (
+    compress_frame,
+    encode_events,
+    encode_header,
+)
+from kai_session_checkpoint_policy.persistence.values import SessionHeader
 
-from .support.persistence_helpers import COMPLETE_TURN, events, find_log, log_bytes, write_log
+from .support.persistence_helpers import (
+    COMPLETE_TURN,
+    T0,
+    events,
+    find_log,
+    log_bytes,
+    log_path,
+    write_log,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 COMMAND = [sys.executable, "-m", "kai_session_checkpoint_policy"]
@@ -186,6 +203,40 @@ def test_progress_appears_on_a_terminal_and_is_erased(two_turns: Path) -> None:
     assert b"11 events in 2 turns" in out
 
 
+def on_a_terminal(*args: str | Path) -> bytes:
+    """What the command writes to a terminal that is both its standard output and error."""
+    parent, child_side = pty.openpty()
+    environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
+    with subprocess.Popen(
+        [*COMMAND, *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        stdout=child_side,
+        stderr=child_side,
+        env=environment,
+    ) as child:
+        os.close(child_side)
+        terminal = read_all(parent)
+        assert child.wait(30) == 0
+    os.close(parent)
+    return terminal.replace(b"\r\n", b"\n")
+
+
+def test_progress_on_the_terminal_of_the_output_stops_where_the_output_starts(
+    two_turns: Path,
+) -> None:
+    terminal = on_a_terminal("inspect", two_turns, "s", "--summary")
+    progress, erased, output = terminal.rpartition(b"\r\x1b[K")
+    assert progress.startswith(b"\r\x1b[Kkai-checkpoint: reading s... 0 s")
+    assert erased
+    assert output.startswith(b"\x1b[1msession s\x1b[0m")
+    assert b"kai-checkpoint:" not in output
+    assert b"11 events in 2 turns\n" in output
+    # JSON written as it is read is its own progress: no line over it.
+    terminal = on_a_terminal("inspect", two_turns, "s", "--json")
+    assert b"\x1b[K" not in terminal
+    assert terminal.startswith(b'{"header":')
+
+
 def test_no_progress_when_standard_error_is_not_a_terminal(two_turns: Path) -> None:
     environment = {**os.environ, cli.PROGRESS_DELAY_ENV: "0"}
     completed = subprocess.run(
@@ -231,3 +282,98 @@ def test_a_turn_the_log_does_not_hold_is_named_as_missing(
         status, out, err = run(capsys, "inspect", two_turns, "s", "--turn", turn, "--json")
         assert (status, out) == (cli.EXIT_BAD_INPUT, "")
         assert err == f"kai-checkpoint: session s has no turn {turn}: it holds turns 1 to 2\n"
+
+
+def made(stored: Sequence[SessionEvent]) -> int:
+    """How many events of a stored log have been made objects (kept in the log)."""
+    assert isinstance(stored, StoredEvents)
+    return sum(type(item) is SessionEvent for item in stored._items)
+
+
+TEXT: JSONObject = {"turn": 2, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "x"}}
+PACKED_TURNS: list[tuple[str, JSONObject]] = [
+    *COMPLETE_TURN,
+    ("turn/start", {"turn": 2}),
+    ("step/start", {"turn": 2, "step": 1}),
+    *[("assistant/chunk", TEXT)] * 40,  # packed into one row
+    ("step/end", {"turn": 2, "step": 1}),
+    ("turn/end", {"turn": 2, "reason": {"kind": "completed"}}),
+    ("turn/start", {"turn": 3}),
+    ("step/start", {"turn": 3, "step": 1}),
+]
+
+
+@pytest.fixture
+def packed(tmp_path: Path) -> Path:
+    """Three turns, the second streaming 40 chunks packed into one row, the third open."""
+    path = log_path(tmp_path, "p", "zstd")
+    path.parent.mkdir(parents=True)
+    header = compress_frame(encode_header(SessionHeader("p", T0)))
+    logged = encode_events(events(*PACKED_TURNS), pack=True, compression="zstd")
+    path.write_bytes(header + logged)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        output.LogView(),
+        output.LogView(as_json=True),
+        output.LogView(summary=True),
+        output.LogView(tail=5),
+        output.LogView(turn=2),
+        output.LogView(turn=3),
+        output.LogView(as_json=True, turn=2, tail=3),
+        output.LogView(tail=0),
+    ],
+    ids=["all", "json", "summary", "tail", "turn", "open-turn", "json-turn-tail", "tail-0"],
+)
+@pytest.mark.parametrize("recovered", [False, True], ids=["inspected", "recovered"])
+def test_printing_a_log_keeps_none_of_the_events_it_makes(
+    packed: Path, view: output.LogView, recovered: bool
+) -> None:
+    backend = JsonlSessionPersistence(packed)
+    log = anyio.run(backend.load if recovered else backend.inspect, "p")
+    assert len(log.repair) == 2
+    before = made(log.events)  # those with more envelope fields, and the repair if written
+    assert before < 10
+    printed = io.StringIO()
+    output.print_log(log, added_on_disk=recovered, stream=printed, view=view)
+    assert made(log.events) == before  # every other event was made, printed and let go
+    # The same output as from a list of the same events, each made once and kept.
+    listed = io.StringIO()
+    output.print_log(
+        replace(log, events=list(log.events)), added_on_disk=recovered, stream=listed, view=view
+    )
+    assert printed.getvalue() == listed.getvalue()
+
+
+def test_the_events_printed_are_those_of_the_turn_then_the_tail(
+    packed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def seqs(*options: str) -> list[int]:
+        status, out, _err = run(capsys, "inspect", packed, "p", "--json", *options)
+        assert status == 0
+        return [record["seq"] for record in records(out) if "type" in record]
+
+    assert seqs("--turn", "2") == list(range(6, 50))
+    assert seqs("--turn", "2", "--tail", "3") == [47, 48, 49]
+    assert seqs("--turn", "3") == [50, 51]
+    assert seqs("--tail", "4") == [48, 49, 50, 51]
+    assert seqs() == list(range(52))
+
+
+def test_json_of_a_whole_log_is_written_as_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The events before damage are out before the damage is found (and reported)."""
+    intact = events(*COMPLETE_TURN)
+    damaged = intact[-1].replace(seq=3)  # a complete record, out of order: damage
+    write_log(tmp_path, "s", log_bytes("s", [*intact, damaged]))
+    status, out, err = run(capsys, "inspect", tmp_path, "s", "--json")
+    assert status == cli.EXIT_BAD_INPUT
+    assert [record.get("seq") for record in records(out)] == [None, 0, 1, 2, 3, 4, 5]
+    path = find_log(tmp_path, "s")
+    assert (
+        err == f"kai-checkpoint: corrupt session log {path}, line 8: seq 3 where 6 was expected\n"
+    )

@@ -2,14 +2,15 @@
 
 Subcommands::
 
-    kai-checkpoint demo [--root STORE]
+    kai-checkpoint demo [--root STORE | --keep]
     kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE]
                          [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
                          [--lease-ttl SECONDS]
                          [--model-url URL --model NAME [--api-key-env NAME]]
-    kai-checkpoint list ROOT
-    kai-checkpoint inspect ROOT SESSION [--json]
-    kai-checkpoint recover ROOT SESSION [--json]
+    kai-checkpoint list ROOT [--json] [--needs-attention]
+    kai-checkpoint stats ROOT [--json]
+    kai-checkpoint inspect ROOT SESSION [--json | --summary] [--tail N] [--turn N]
+    kai-checkpoint recover ROOT SESSION [--json | --summary] [--tail N] [--turn N]
     kai-checkpoint copy SOURCE TARGET [--session ID]
 
 Every ROOT, STORE, SOURCE and TARGET is a store URL: a directory (the JSONL backend) or a
@@ -38,22 +39,34 @@ import logging
 import os
 import signal
 import sys
+import threading
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn, TextIO, cast
 
 import anyio
 
-from .events import StoredEvents
-from .output import Console, LogView, compact, format_time, print_log, printable
+from .output import (
+    Console,
+    JsonStream,
+    LogView,
+    attention,
+    compact,
+    each_of,
+    format_time,
+    print_json,
+    print_log,
+    printable,
+    turn_spans,
+)
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
-    from .events import SessionEvent
     from .host import ModelAdapter
-    from .persistence import Store
+    from .persistence import SessionHeader, Store, StoredLog
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -76,6 +89,14 @@ EXIT_BROKEN_PIPE: Final = 128 + signal.SIGPIPE
 
 class UsageError(Exception):
     """Bad input on the command line: reported on one line, exit status 2."""
+
+
+class _DemoFailed(Exception):
+    """The demo's :class:`~kai_session_checkpoint_policy.demo.DemoError`, as the command
+    reports it (so that other commands need not import the demo)."""
+
+    def __str__(self) -> str:
+        return str(self.__cause__)
 
 
 # -------------------------------------------------------------------------------------------
@@ -124,6 +145,8 @@ async def _list(args: argparse.Namespace) -> int:
     """The intact sessions on standard output; one line per unreadable one on standard error."""
     from .persistence import JsonlSessionPersistence, display_url
 
+    if args.needs_attention:
+        return await _needs_attention(args)
     async with _opened(args.root) as backend:
         listing = await backend.scan_sessions()
     console = Console.for_stream(sys.stdout, live=False)
@@ -147,76 +170,306 @@ async def _list(args: argparse.Namespace) -> int:
     return EXIT_BAD_INPUT if listing.problems else EXIT_OK
 
 
-async def _show_log(args: argparse.Namespace) -> int:
-    """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log."""
+async def _surveyed(
+    backend: Store, what: str, failed: list[Exception]
+) -> AsyncIterator[tuple[SessionHeader, StoredLog]]:
+    """Each intact session of *backend*, oldest first, read without changing anything.
+
+    Each session that cannot be read gets a line on standard error naming it, and its error
+    is added to *failed* (the command then exits with status 2).
+    """
+    from .events import StoredDataError
+    from .persistence import PersistenceError
+
+    listing = await backend.scan_sessions()
+    for problem in listing.problems:
+        directory = printable(str(problem.directory))
+        print(f"{PROG}: cannot {what} {directory}: {_problem(problem.error)}", file=sys.stderr)
+        failed.append(problem.error)
+    for header in listing.headers:
+        try:
+            log = await backend.inspect(header.id)
+        except (PersistenceError, OSError, StoredDataError) as exc:
+            session = printable(header.id)
+            print(f"{PROG}: cannot {what} session {session}: {_problem(exc)}", file=sys.stderr)
+            failed.append(exc)
+        else:
+            yield header, log
+
+
+async def _needs_attention(args: argparse.Namespace) -> int:
+    """``list --needs-attention``: the sessions whose last turn is open, or whose last
+    unknown outcome no model has answered yet."""
+    failed: list[Exception] = []
+    console = Console.for_stream(sys.stdout, live=False)
     async with _opened(args.root) as backend:
-        read = backend.load if args.recover else backend.inspect
-        async with _progress(f"{'recovering' if args.recover else 'reading'} {args.session}"):
-            log = await read(args.session)
-    if args.turn is not None:
-        numbered = sorted(
-            turn
-            for event in _turn_starts(log.events)
-            if type(turn := event.data.get("turn")) is int
-        )
-        if args.turn not in numbered:
-            held = f"turns {numbered[0]} to {numbered[-1]}" if numbered else "no turn"
-            raise UsageError(f"session {args.session} has no turn {args.turn}: it holds {held}")
-    view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
-    print_log(log, added_on_disk=args.recover, stream=sys.stdout, view=view)
+        async for header, log in _surveyed(backend, "read", failed):
+            found = attention(log.events)
+            if not found.needed:
+                continue
+            if args.json:
+                record = {
+                    "id": header.id,
+                    "createdAt": header.created_at,
+                    "version": header.version,
+                    "openTurn": None if found.open_turn is None else found.turn,
+                    "turnOpen": found.open_turn is not None,
+                    "unanswered": list(found.unanswered),
+                }
+                console.line(json.dumps(record, separators=(",", ":")))
+            else:
+                created = format_time(header.created_at)
+                console.line(f"{printable(header.id)}\t{created}\t{found.reasons()}")
     sys.stdout.flush()
+    return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+async def _stats(args: argparse.Namespace) -> int:
+    """``stats``: the store's sessions, events and bytes, and its oldest open turn."""
+    from .persistence import JsonlSessionPersistence
+
+    sessions = events = size = open_turns = 0
+    failed: list[Exception] = []
+    oldest: tuple[int, str, int | None] | None = None  # when it started, the session, the turn
+    async with _opened(args.root) as backend:
+        async for header, log in _surveyed(backend, "count", failed):
+            sessions += 1
+            count = len(log.events)
+            events += count
+            if isinstance(backend, JsonlSessionPersistence):
+                size += os.stat(log.location).st_size
+            else:  # the records' JSON text, as the database holds it
+                each = each_of(log.events, range(count))
+                size += sum(len(event.encode().encode()) for event in each)
+            found = attention(log.events)
+            if found.open_turn is not None:
+                open_turns += 1
+                started = (found.open_turn.time, header.id, found.turn)
+                oldest = started if oldest is None else min(oldest, started)
+    unreadable = len(failed)
+    console = Console.for_stream(sys.stdout, live=False)
+    if args.json:
+        turn = None
+        if oldest is not None:
+            turn = {"session": oldest[1], "turn": oldest[2], "startedAt": oldest[0]}
+        record = {
+            "sessions": sessions,
+            "unreadable": unreadable,
+            "events": events,
+            "bytes": size,
+            "openTurns": open_turns,
+            "oldestOpenTurn": turn,
+        }
+        console.line(json.dumps(record, separators=(",", ":")))
+    else:
+        console.line(f"sessions          {sessions}")
+        if unreadable:
+            console.line(f"unreadable        {unreadable}")
+        console.line(f"events            {events}")
+        console.line(f"bytes             {size}")
+        console.line(f"open turns        {open_turns}")
+        if oldest is not None:
+            since, session, number = oldest
+            what = "a turn" if number is None else f"turn {number}"
+            console.line(
+                f"oldest open turn  {what} of session {printable(session)}, "
+                f"started {format_time(since)}"
+            )
+    sys.stdout.flush()
+    return EXIT_BAD_INPUT if unreadable else EXIT_OK
+
+
+async def _show_log(args: argparse.Namespace) -> int:
+    """``inspect`` (read-only), or ``recover`` (writing the repair), then print the log.
+
+    The events are printed from the log's stored form one at a time, never all made at once;
+    ``inspect --json`` of a whole JSONL log writes each event as soon as it is read.
+    """
+    view = LogView(as_json=args.json, summary=args.summary, tail=args.tail, turn=args.turn)
+    out = _Stoppable(sys.stdout)
+    stdout = cast("TextIO", out)
+    status = EXIT_OK
+    failed: Exception | None = None
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            if threading.current_thread() is threading.main_thread():
+                group.start_soon(_stop_on_interrupt, out, scope)
+            try:
+                status = await _show(args, view, out, stdout)
+            except _Stopped:  # JSON written as it was read
+                out.stopped = True
+            except Exception as exc:  # raised below as it is, not in an exception group
+                failed = exc
+            group.cancel_scope.cancel()
+    if out.stopped:
+        raise KeyboardInterrupt
+    if failed is not None:
+        raise failed
+    return status
+
+
+async def _show(args: argparse.Namespace, view: LogView, out: _Stoppable, stdout: TextIO) -> int:
+    from .persistence import JsonlSessionPersistence
+
+    to_terminal = sys.stdout.isatty()
+    whole_json = args.json and not args.recover and args.turn is None and args.tail is None
+    doing = "recovering" if args.recover else "reading"
+    async with _opened(args.root) as backend:
+        streamed = whole_json and isinstance(backend, JsonlSessionPersistence)
+        # Progress on a terminal for the whole command, but not over output on the same one.
+        async with _progress(f"{doing} {args.session}", show=not (streamed and to_terminal)) as (
+            progress
+        ):
+            if isinstance(backend, JsonlSessionPersistence) and streamed:
+                stream = JsonStream(stdout)
+                log = await backend.inspect(args.session, watch=stream)
+                write: Callable[[], None] = partial(
+                    print_json,
+                    log,
+                    stream=stdout,
+                    added_on_disk=False,
+                    view=view,
+                    written=stream.written,
+                )
+            else:
+                log = await (backend.load if args.recover else backend.inspect)(args.session)
+                if args.turn is not None:
+                    _check_turn(log, args)
+                write = partial(
+                    print_log, log, added_on_disk=args.recover, stream=stdout, view=view
+                )
+            if out.stopped:  # interrupted while reading, which cannot be cancelled
+                return EXIT_OK  # (the caller tells the interrupt)
+            if to_terminal:
+                progress.stop()
+            else:
+                progress.what = f"writing {args.session}"
+            # In a thread, so that the progress goes on; stopped when interrupted.
+            await anyio.to_thread.run_sync(partial(_write_out, write), abandon_on_cancel=True)
     return EXIT_OK
 
 
-def _turn_starts(events: Sequence[SessionEvent]) -> list[SessionEvent]:
-    """The ``turn/start`` events of a log, without making the others (where it can tell)."""
-    if isinstance(events, StoredEvents):
-        return events.select({"turn/start"})
-    return [event for event in events if event.type == "turn/start"]
+async def _stop_on_interrupt(out: _Stoppable, scope: anyio.CancelScope) -> None:
+    """At the first SIGINT (Ctrl-C), stop the writes to *out* and cancel *scope*.
+
+    The signal wakes the event loop whichever thread it reaches; a write in progress in a
+    worker thread stops at its next line, and a read that cannot be cancelled at its end.
+    """
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            out.stopped = True
+            scope.cancel()
+            return
+
+
+def _write_out(write: Callable[[], None]) -> None:
+    try:
+        write()
+        sys.stdout.flush()
+    except _Stopped:
+        pass
+
+
+class _Stopped(Exception):
+    """The command was interrupted while its output was being written."""
+
+
+class _Stoppable:
+    """Standard output, for a writer in another thread that must stop when the command is
+    interrupted (Ctrl-C): its next write raises :class:`_Stopped`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.stopped = False
+
+    def write(self, text: str) -> int:
+        if self.stopped:
+            raise _Stopped
+        return self.stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def _check_turn(log: StoredLog, args: argparse.Namespace) -> None:
+    """Refuse ``--turn N`` of a turn the log does not hold, naming those it holds."""
+    count = len(log.events) - len(log.repair) if args.recover else len(log.events)
+    numbered = sorted(
+        {span.turn for span in turn_spans(log.events, count) if span.turn is not None}
+    )
+    if args.turn not in numbered:
+        held = f"turns {numbered[0]} to {numbered[-1]}" if numbered else "no turn"
+        raise UsageError(f"session {args.session} has no turn {args.turn}: it holds {held}")
 
 
 PROGRESS_DELAY_ENV: Final = "KAI_CHECKPOINT_PROGRESS_DELAY"
-"""Seconds a read may take before its progress is shown (default 1)."""
+"""Seconds a command may take before its progress is shown (default 1)."""
+
+
+class _Progress:
+    """What the progress line says, and whether it is still wanted."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.stopped = False
+        self.shown = False
+
+    def stop(self) -> None:
+        """Erase the line, if shown, and show it no more (output is about to start)."""
+        self.stopped = True
+        self.erase()
+
+    def erase(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self.shown = False
 
 
 @asynccontextmanager
-async def _progress(what: str) -> AsyncIterator[None]:
-    """Show on standard error, if it is a terminal, how long a slow read has taken so far.
+async def _progress(what: str, *, show: bool = True) -> AsyncIterator[_Progress]:
+    """Show on standard error, if it is a terminal, how long a slow command has taken so far.
 
-    Nothing is shown for a read that takes less than a second; the line is erased when the
-    read ends, so that only the command's output stays.
+    Nothing is shown for a command that takes less than a second; the line is erased when it
+    ends (or is stopped), so that only the command's output stays.
     """
-    if not sys.stderr.isatty():
-        yield
+    progress = _Progress(what)
+    if not show or not sys.stderr.isatty():
+        yield progress
         return
     delay = float(os.environ.get(PROGRESS_DELAY_ENV) or 1.0)
     started = anyio.current_time()
-    shown = False
 
     def draw() -> None:
-        nonlocal shown
+        if progress.stopped:
+            return
         elapsed = anyio.current_time() - started
-        sys.stderr.write(f"\r\x1b[K{PROG}: {printable(what)}... {elapsed:.0f} s")
+        sys.stderr.write(f"\r\x1b[K{PROG}: {printable(progress.what)}... {elapsed:.0f} s")
         sys.stderr.flush()
-        shown = True
+        progress.shown = True
 
-    async def show() -> None:
+    async def keep_drawing() -> None:
         await anyio.sleep(delay)
         while True:
             draw()
             await anyio.sleep(1)
 
     if delay <= 0:
-        draw()  # at once: a delay of 0 shows the line however fast the read is
+        draw()  # at once: a delay of 0 shows the line however fast the command is
     async with anyio.create_task_group() as group:
-        group.start_soon(show)
+        group.start_soon(keep_drawing)
         try:
-            yield
+            yield progress
         finally:
             group.cancel_scope.cancel()
-    if shown:
-        sys.stderr.write("\r\x1b[K")
-        sys.stderr.flush()
+    progress.erase()
 
 
 # -------------------------------------------------------------------------------------------
@@ -225,6 +478,15 @@ async def _progress(what: str) -> AsyncIterator[None]:
 
 
 async def _agent(args: argparse.Namespace) -> int:
+    from .demo import DemoError
+
+    try:
+        return await _run_agent(args)
+    except DemoError as exc:
+        raise _DemoFailed from exc
+
+
+async def _run_agent(args: argparse.Namespace) -> int:
     from .demo import MODEL, PROVIDER, run_agent
     from .persistence import SessionNotFoundError, display_url
 
@@ -288,9 +550,12 @@ def _model_adapter(args: argparse.Namespace) -> ModelAdapter | None:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import DemoError, run_demo
 
-    await run_demo(args.root, Console.for_stream(sys.stdout))
+    try:
+        await run_demo(args.root, Console.for_stream(sys.stdout), keep=args.keep)
+    except DemoError as exc:
+        raise _DemoFailed from exc
     return EXIT_OK
 
 
@@ -396,7 +661,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--root",
         metavar="STORE",
-        help="keep the sessions in STORE (default: a temporary directory)",
+        help="keep the sessions in STORE (default: a temporary directory, removed at the end)",
+    )
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (sessions, ledgers, markers) and say where it is",
     )
     demo.set_defaults(run=_demo)
 
@@ -456,7 +726,27 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--json", action="store_true", help="one object per session: id, createdAt, version"
     )
+    listing.add_argument(
+        "--needs-attention",
+        action="store_true",
+        help="only the sessions whose last turn is open, or whose last unknown tool outcome no "
+        "model has answered yet, and why (reads every log)",
+    )
     listing.set_defaults(run=_list)
+
+    stats = commands.add_parser(
+        "stats",
+        help="how many sessions, events and bytes ROOT holds, and its oldest open turn",
+        description=(
+            "Count what the store ROOT (a directory, or a postgresql:// URI) holds: its "
+            "sessions, their events, their bytes (a directory: the log files as stored; a "
+            "database: the records' JSON text), the turns still open and the oldest of them. "
+            "Every log is read; nothing is written."
+        ),
+    )
+    stats.add_argument("root", metavar="ROOT", help="a directory or a postgresql:// URI")
+    stats.add_argument("--json", action="store_true", help="one object with the same figures")
+    stats.set_defaults(run=_stats)
 
     for name, summary in (
         ("inspect", "read-only: the stored log, and the repair recovery would add, marked as such"),
@@ -546,7 +836,6 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kai-checkpoint`` with *argv* (default: the process arguments); return the status."""
     from .contract import SessionExistsError
-    from .demo import DemoError
     from .events import StoredDataError
     from .host import SessionError
     from .persistence import PersistenceError
@@ -580,7 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, StoredDataError, SessionExistsError, *bad_input) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (DemoError, OSError, PersistenceError, SessionError) as exc:
+    except (_DemoFailed, OSError, PersistenceError, SessionError) as exc:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:

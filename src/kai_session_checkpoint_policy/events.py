@@ -572,13 +572,13 @@ class StoredEvents(EventSequence):
         self._items += items
 
     def stored_data(
-        self, types: Container[str]
+        self, types: Container[str], start: int = 0
     ) -> tuple[list[int], list[str], list[msgspec.Raw | None]]:
-        """The seqs and types of the events whose type is in *types*, and for each the stored
-        JSON text of its data (a :class:`msgspec.Raw`) if the event has not been made yet
-        (``None`` if it has: read it). Nothing is made or decoded."""
+        """The seqs and types of the events from seq *start* on whose type is in *types*, and
+        for each the stored JSON text of its data (a :class:`msgspec.Raw`) if the event has not
+        been made yet (``None`` if it has: read it). Nothing is made or decoded."""
         kinds = self._types
-        seqs = list(compress(range(len(kinds)), map(types.__contains__, kinds)))
+        seqs = list(compress(range(start, len(kinds)), map(types.__contains__, kinds[start:])))
         items = list(map(self._items.__getitem__, seqs))
         texts = [item if type(item) is msgspec.Raw else None for item in items]
         return seqs, list(map(kinds.__getitem__, seqs)), texts
@@ -630,6 +630,32 @@ class StoredEvents(EventSequence):
         first = events[0].seq
         self._items[first : first + len(events)] = events
         return events[index - first]
+
+    @property
+    def types(self) -> Sequence[str]:
+        """The type of every event, by seq, without making any event (read-only)."""
+        return self._types
+
+    def fresh(self, seqs: Iterable[int]) -> Iterator[SessionEvent]:
+        """The events at *seqs*, in that order, made for the caller and not kept.
+
+        An event already made is returned as it is; the others are made anew each time and
+        left to the caller, so that going through a long log this way holds at most one
+        packed row's events at a time, where iterating it keeps every event it made.
+        """
+        row: Deferred | None = None
+        members: Sequence[SessionEvent] = ()
+        for seq in seqs:
+            item = self._items[seq]
+            if type(item) is SessionEvent:
+                yield item
+            elif type(item) is msgspec.Raw:
+                yield SessionEvent.stored(self._types[seq], seq, self._times[seq], item)
+            else:
+                if item is not row:
+                    row = cast("Deferred", item)
+                    members = row.events()
+                yield members[seq - members[0].seq]
 
     def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
         """The events from seq *start* on whose type is in *types*; the others stay unmade."""

@@ -11,34 +11,46 @@ from __future__ import annotations
 import json
 import os
 import re
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import chain
 from typing import TYPE_CHECKING, Final, TextIO
 
 from . import eventdata
-from .events import SurfaceReplace
+from .events import StoredEvents, SurfaceReplace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from .events import JSON, SessionEvent
     from .persistence import SessionHeader, StoredLog
 
 __all__ = [
+    "Attention",
     "Console",
+    "JsonStream",
     "LogSummary",
     "LogView",
+    "TurnSpan",
+    "attention",
     "compact",
     "describe",
+    "each_of",
     "event_line",
     "format_of",
     "format_time",
+    "json_header",
     "print_events",
+    "print_json",
     "print_log",
     "print_repair",
     "printable",
     "summarize",
     "turn_of_each",
+    "turn_spans",
+    "types_of",
 ]
 
 
@@ -293,30 +305,161 @@ class LogSummary:
     torn_bytes: int
 
 
+def types_of(events: Sequence[SessionEvent]) -> Sequence[str]:
+    """The type of each event, without making the events of a stored log."""
+    if isinstance(events, StoredEvents):
+        return events.types
+    return [event.type for event in events]
+
+
+def each_of(events: Sequence[SessionEvent], seqs: Iterable[int]) -> Iterator[SessionEvent]:
+    """The events at the positions *seqs*; those of a stored log are made one by one and not
+    kept, so that going through a long log holds one event at a time."""
+    if isinstance(events, StoredEvents):
+        return events.fresh(seqs)
+    return map(events.__getitem__, seqs)
+
+
+def _positions(types: Sequence[str], event_type: str, count: int, start: int = 0) -> list[int]:
+    """Where the events from *start* to *count* have the type *event_type*."""
+    found: list[int] = []
+    try:
+        while True:  # a list finds each in C, comparing identity first (types are shared)
+            start = types.index(event_type, start, count) + 1
+            found.append(start - 1)
+    except ValueError:
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSpan:
+    """Where one turn's events are in a log: from its ``turn/start`` to its ``turn/end``
+    (included), or to the next ``turn/start``, or to the end."""
+
+    turn: int | None
+    """The turn's number, or ``None`` if its ``turn/start`` has no whole number."""
+    start: int
+    stop: int
+
+
+def turn_spans(events: Sequence[SessionEvent], count: int | None = None) -> list[TurnSpan]:
+    """The turns of the first *count* events (all by default), as :func:`turn_of_each` tells
+    them apart, found from the events' types; only the ``turn/start`` events are read."""
+    count = len(events) if count is None else count
+    types = types_of(events)
+    starts = _positions(types, "turn/start", count)
+    ends = _positions(types, "turn/end", count)
+    spans: list[TurnSpan] = []
+    for index, start in enumerate(each_of(events, starts)):
+        position = starts[index]
+        following = starts[index + 1] if index + 1 < len(starts) else count
+        end = bisect_left(ends, position)
+        stop = ends[end] + 1 if end < len(ends) and ends[end] < following else following
+        turn = start.data.get("turn")
+        spans.append(TurnSpan(turn if type(turn) is int else None, position, stop))
+    return spans
+
+
 def summarize(
-    stored: Sequence[SessionEvent], repair: Sequence[SessionEvent], torn: int
+    stored: Sequence[SessionEvent],
+    repair: Sequence[SessionEvent],
+    torn: int,
+    count: int | None = None,
 ) -> LogSummary:
-    """Count *stored* by type and by turn; name the repair recovery adds, or added."""
-    by_type: dict[str, int] = {}
-    for event in stored:
-        by_type[event.type] = by_type.get(event.type, 0) + 1
-    turns = turn_of_each(stored)
-    # The last event's turn is open unless that event ends it (turn_of_each gives a turn/end
-    # the turn it closes).
-    open_turn = turns[-1] if turns and stored[-1].type != "turn/end" else None
+    """Count the first *count* events of *stored* (all by default) by type and by turn; name
+    the repair recovery adds, or added. Only the last ``turn/start`` is made an event."""
+    count = len(stored) if count is None else count
+    types = types_of(stored)
+    counted = Counter(types[:count] if count < len(types) else types)
+    open_turn: int | None = None
     open_events = 0
-    if open_turn is not None:
-        while open_events < len(turns) and turns[-1 - open_events] == open_turn:
-            open_events += 1
+    last_start = _open_turn_start(types, count)
+    if last_start is not None:
+        # The log ends inside the turn that starts there (a turn/end belongs to the turn it
+        # closes, so a log that ends with one has no open turn).
+        (start,) = each_of(stored, [last_start])
+        turn = start.data.get("turn")
+        if type(turn) is int:
+            open_turn, open_events = turn, count - last_start
     return LogSummary(
-        events=len(stored),
-        by_type=dict(sorted(by_type.items(), key=lambda item: (-item[1], item[0]))),
-        turns=by_type.get("turn/start", 0),
+        events=count,
+        by_type=dict(sorted(counted.items(), key=lambda item: (-item[1], item[0]))),
+        turns=counted.get("turn/start", 0),
         open_turn=open_turn,
         open_turn_events=open_events,
         repair=tuple(event.type for event in repair),
         torn_bytes=torn,
     )
+
+
+def _open_turn_start(types: Sequence[str], count: int) -> int | None:
+    """Where the ``turn/start`` of the turn the first *count* events end inside is, if any."""
+    start = _last(types, "turn/start", count)
+    end = _last(types, "turn/end", count)
+    return start if start is not None and (end is None or start > end) else None
+
+
+def _last(types: Sequence[str], event_type: str, count: int) -> int | None:
+    """Where the last of the first *count* events of type *event_type* is, if any."""
+    for position in range(count - 1, -1, -1):
+        if types[position] == event_type:
+            return position
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """What in a stored log may need a person: the turn it ends inside, and the tool calls
+    answered with an unknown outcome that no model has answered since."""
+
+    open_turn: SessionEvent | None
+    """The ``turn/start`` of the turn the log ends inside, if it does."""
+    unanswered: tuple[str, ...]
+    """The call ids of the ``tool/result`` events with ``TOOL_OUTCOME_UNKNOWN`` after the last
+    ``assistant/message``."""
+
+    @property
+    def needed(self) -> bool:
+        return self.open_turn is not None or bool(self.unanswered)
+
+    @property
+    def turn(self) -> int | None:
+        """The open turn's number, if it has a whole number."""
+        turn = None if self.open_turn is None else self.open_turn.data.get("turn")
+        return turn if type(turn) is int else None
+
+    def reasons(self) -> str:
+        """Why, in words: ``turn 3 is open; unknown outcome of call-7 not yet answered``."""
+        reasons = []
+        if self.open_turn is not None:
+            turn = self.turn
+            reasons.append("a turn is open" if turn is None else f"turn {turn} is open")
+        if self.unanswered:
+            calls = ", ".join(printable(call_id) for call_id in self.unanswered)
+            reasons.append(f"unknown outcome of {calls} not yet answered")
+        return "; ".join(reasons)
+
+
+def attention(stored: Sequence[SessionEvent]) -> Attention:
+    """What in *stored* may need a person (:class:`Attention`); only the events that tell it
+    are read: the last ``turn/start``, and the ``tool/result`` events after the last
+    ``assistant/message``."""
+    from .results import TOOL_OUTCOME_UNKNOWN
+
+    count = len(stored)
+    types = types_of(stored)
+    open_turn = None
+    last_start = _open_turn_start(types, count)
+    if last_start is not None:
+        (open_turn,) = each_of(stored, [last_start])
+    answered = _last(types, "assistant/message", count)
+    results = _positions(types, "tool/result", count, 0 if answered is None else answered)
+    unanswered = []
+    for result in each_of(stored, results):
+        failure = eventdata.error_of(result.data)
+        if failure is not None and failure["code"] == TOOL_OUTCOME_UNKNOWN:
+            unanswered.append(eventdata.result_call_id(result.data) or "?")
+    return Attention(open_turn, tuple(unanswered))
 
 
 def print_events(console: Console, events: Iterable[SessionEvent], *, mark: str = " ") -> None:
@@ -343,21 +486,34 @@ class LogView:
     tail: int | None = None
     turn: int | None = None
 
-    def select(self, stored: Sequence[SessionEvent]) -> Sequence[SessionEvent]:
-        """The stored events to show: one turn's, then the last *tail* of them."""
+    def select(self, stored: Sequence[SessionEvent], count: int | None = None) -> list[range]:
+        """Where the events to show are among the first *count* of *stored* (all by
+        default): one turn's, then the last *tail* of them, as runs of positions."""
+        count = len(stored) if count is None else count
+        runs = [range(count)]
         if self.turn is not None:
-            turns = turn_of_each(stored)
-            stored = [event for event, turn in zip(stored, turns, strict=True) if turn == self.turn]
+            spans = turn_spans(stored, count)
+            runs = [range(span.start, span.stop) for span in spans if span.turn == self.turn]
         if self.tail is not None:
-            stored = stored[len(stored) - self.tail :] if self.tail else []
-        return stored
+            kept, left = [], self.tail
+            for run in reversed(runs):
+                if left <= 0:
+                    break
+                kept.append(run[max(0, len(run) - left) :])
+                left -= len(kept[-1])
+            runs = kept[::-1]
+        return runs
 
 
 def print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: LogView) -> None:
-    """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted."""
-    stored = log.events[: len(log.events) - len(log.repair)] if added_on_disk else log.events
+    """Print a stored log; *added_on_disk* tells whether ``log.repair`` was persisted.
+
+    Every event is made when it is printed and then let go: a log of any length is printed
+    in the memory its stored form takes.
+    """
+    count = len(log.events) - len(log.repair) if added_on_disk else len(log.events)
     if view.as_json:
-        _print_json(log, stored, added_on_disk=added_on_disk, stream=stream, view=view)
+        print_json(log, stream=stream, added_on_disk=added_on_disk, view=view, count=count)
         return
     console = Console.for_stream(stream, live=False)
     header = log.header
@@ -369,12 +525,14 @@ def print_log(log: StoredLog, *, added_on_disk: bool, stream: TextIO, view: LogV
         )
     )
     if view.summary:
-        _print_summary(console, summarize(stored, log.repair, log.torn_bytes), added_on_disk)
+        summary = summarize(log.events, log.repair, log.torn_bytes, count)
+        _print_summary(console, summary, added_on_disk)
         return
-    shown = view.select(stored)
-    if len(shown) < len(stored):
-        console.line(console.dim(f"({len(stored) - len(shown)} of {len(stored)} events not shown)"))
-    print_events(console, shown)
+    runs = view.select(log.events, count)
+    shown = sum(map(len, runs))
+    if shown < count:
+        console.line(console.dim(f"({count - shown} of {count} events not shown)"))
+    print_events(console, each_of(log.events, chain.from_iterable(runs)))
     if log.torn_bytes:
         verb = "were cut off" if added_on_disk else "would be cut off"
         console.line(console.note(f"a torn tail of {log.torn_bytes} bytes {verb} (a copy is kept)"))
@@ -405,33 +563,68 @@ def _print_summary(console: Console, summary: LogSummary, added_on_disk: bool) -
         console.line(console.note(f"{verb}: {', '.join(summary.repair)}"))
 
 
-def _print_json(
+def json_header(header: SessionHeader) -> str:
+    """The first record of ``--json`` output: the header as stored, wrapped."""
+    from .persistence.jsonl.format import encode_header
+
+    return json.dumps({"header": json.loads(encode_header(header))}, separators=(",", ":"))
+
+
+def print_json(
     log: StoredLog,
-    stored: Sequence[SessionEvent],
     *,
-    added_on_disk: bool,
     stream: TextIO,
+    added_on_disk: bool,
     view: LogView,
+    count: int | None = None,
+    written: int | None = None,
 ) -> None:
     """One record per line: the header, each event as stored, the torn tail, the repair.
 
     Only events have a ``type`` at the top level; the header, the torn tail and a repair not
     yet on disk are wrapped (``{"header": ...}``, ``{"torn": ...}``, ``{"repair": ...}``).
+    *count* is how many of ``log.events`` were stored before this call (all by default);
+    *written* says that the header and that many events were written already
+    (:class:`JsonStream`), so only the rest is.
     """
-    from .persistence.jsonl.format import encode_header
-
-    header = json.loads(encode_header(log.header))
-    lines = [json.dumps({"header": header}, separators=(",", ":"))]
-    lines += [event.encode() for event in view.select(stored)]
+    count = len(log.events) if count is None else count
+    if written is None:
+        stream.write(json_header(log.header) + "\n")
+        runs = view.select(log.events, count)
+    else:
+        runs = [range(written, count)]
+    # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
+    for event in each_of(log.events, chain.from_iterable(runs)):
+        stream.write(event.encode() + "\n")
     if log.torn_bytes:
         torn = {"bytes": log.torn_bytes, "cut": added_on_disk}
-        lines.append(json.dumps({"torn": torn}, separators=(",", ":")))
-    if added_on_disk:
-        lines += [event.encode() for event in log.repair]
-    else:
-        lines += [f'{{"repair":{event.encode()}}}' for event in log.repair]
-    # A line at a time: a text stream ignores what a closed pipe cuts off a large write.
-    stream.writelines(f"{line}\n" for line in lines)
+        stream.write(json.dumps({"torn": torn}, separators=(",", ":")) + "\n")
+    for event in log.repair:
+        stream.write(event.encode() + "\n" if added_on_disk else f'{{"repair":{event.encode()}}}\n')
+
+
+class JsonStream:
+    """Writes ``--json`` records while a log is being read: the header, then each event as
+    soon as it is decoded (:meth:`__call__`, given to the reader); :func:`print_json`, with
+    :attr:`written`, then writes the rest.
+
+    A log found damaged further on has had its first events written by then.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.written: int | None = None
+        """How many events were written (after the header), or ``None`` before the header."""
+
+    def __call__(self, header: SessionHeader, events: StoredEvents) -> None:
+        if self.written is None:
+            self.stream.write(json_header(header) + "\n")
+            self.written = 0
+        count = len(events)
+        if count > self.written:
+            for event in events.fresh(range(self.written, count)):
+                self.stream.write(event.encode() + "\n")
+            self.written = count
 
 
 def format_of(header: SessionHeader) -> str:

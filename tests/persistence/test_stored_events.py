@@ -115,6 +115,19 @@ def test_index_slice_iteration_and_selection_give_the_same_events(
     assert all(stored[i] is event for i, event in enumerate(stored))  # each made once
 
 
+@given(logged_events(), st.booleans(), st.data())
+def test_fresh_events_are_the_same_and_none_is_kept(
+    events: list[SessionEvent], pack: bool, data: st.DataObject
+) -> None:
+    stored = read(events, pack=pack, zstd=False)
+    made = [type(item) is SessionEvent for item in stored._items]
+    seqs = data.draw(st.lists(st.integers(0, len(events) - 1))) if events else []
+    assert list(stored.fresh(seqs)) == [events[seq] for seq in seqs]
+    assert list(stored.fresh(range(len(events)))) == events
+    assert stored.types == [event.type for event in events]
+    assert [type(item) is SessionEvent for item in stored._items] == made  # none kept
+
+
 def test_an_event_is_made_only_when_read() -> None:
     chunk: JSONObject = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "text": "a"}}
     written = [SessionEvent("assistant/chunk", seq, 1, chunk) for seq in range(5)]

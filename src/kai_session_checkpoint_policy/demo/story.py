@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         Iterable,
         Sequence,
     )
+    from contextlib import AbstractContextManager
 
     from ..events import SessionEvent
     from ..persistence import Store, StoredLog
@@ -59,10 +61,19 @@ from .reporter import CheckpointReporter
 # -------------------------------------------------------------------------------------------
 
 
-async def run_demo(root: str | os.PathLike[str] | None, console: Console) -> None:
-    """Tell the whole story; keep the sessions in the store *root*, or in a temporary directory."""
+async def run_demo(
+    root: str | os.PathLike[str] | None, console: Console, *, keep: bool = False
+) -> None:
+    """Tell the whole story; keep the sessions in the store *root*, or in a temporary directory
+    that is removed at the end unless *keep* is set (the sessions, markers and ledgers stay)."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kai-checkpoint-demo-") as scratch_name:
+    prefix = "kai-checkpoint-demo-"
+    scratch_place: AbstractContextManager[str] = (
+        nullcontext(tempfile.mkdtemp(prefix=prefix))
+        if keep
+        else tempfile.TemporaryDirectory(prefix=prefix)
+    )
+    with scratch_place as scratch_name:
         scratch = Path(scratch_name)
         sessions = scratch / "sessions" if root is None else root
         suffix = "" if root is None else f"-{secrets.token_hex(3)}"
@@ -77,9 +88,14 @@ async def run_demo(root: str | os.PathLike[str] | None, console: Console) -> Non
         await _crash(console, sessions, scratch, f"crash-no-policy{suffix}", use_policy=False)
     console.line()
     console.line(console.dim(f"demo finished in {time.monotonic() - started:.1f} s"))
-    if root is not None:
-        shown = display_url(root)
+    if root is not None or keep:
+        shown = display_url(sessions)
         console.line(f"The sessions stay in {shown}: try 'kai-checkpoint list {shown}'.")
+    else:
+        console.line(
+            f"The sessions were in {shown}, now removed: 'kai-checkpoint demo --keep' keeps "
+            "them, '--root STORE' puts them in a store of your own."
+        )
 
 
 async def _normal_turn(console: Console, root: str | os.PathLike[str], session_id: str) -> None:
@@ -88,7 +104,7 @@ async def _normal_turn(console: Console, root: str | os.PathLike[str], session_i
     console.line(
         console.dim(
             "   + an event appended in memory; * a checkpoint: the policy waits until the events "
-            "so far are on disk"
+            "so far are on disk; $ the tool's effect on the world"
         )
     )
     reporter = CheckpointReporter(console)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LEGACY_EVENT_TYPES",
     "LegacyRecordError",
+    "first_older",
     "legacy_message_id",
     "upgrade_events",
     "upgrade_suffix",
@@ -108,6 +109,24 @@ def upgrade_events(events: StoredEvents, session_id: str) -> StoredEvents:
     for event in upgraded:
         result.replace(event)
     return result
+
+
+def first_older(events: StoredEvents, start: int = 0) -> int | None:
+    """The seq of the first event from *start* on that may hold an older shape (one that
+    :func:`upgrade_events` would look at one by one), or ``None``. Nothing is made or decoded."""
+    seqs, kinds, texts = events.stored_data(_LOOKED_AT, start)
+    first: int | None = None
+    for kind in set(kinds):
+        positions = list(compress(range(len(kinds)), map(kind.__eq__, kinds)))
+        group = list(map(texts.__getitem__, positions))
+        if None in group or not _all_current(kind, group):
+            for position in positions:
+                text = texts[position]
+                if text is None or not _all_current(kind, [text]):
+                    seq = seqs[position]
+                    first = seq if first is None else min(first, seq)
+                    break
+    return first
 
 
 def _all_current(kind: str, texts: list[msgspec.Raw | None]) -> bool:

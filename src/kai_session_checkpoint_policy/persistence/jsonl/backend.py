@@ -54,7 +54,7 @@ from ..errors import (
     UnsupportedFormatError,
 )
 from ..ids import NO_CWD, earlier_directory, encode_session_id, project_directory
-from ..legacy import LegacyRecordError, upgrade_events
+from ..legacy import LegacyRecordError, first_older, upgrade_events
 from ..repair import repair_of
 from ..values import (
     PersistenceStatistics,
@@ -77,6 +77,7 @@ from .format import (
     ZSTD_LOG_NAME,
     Compression,
     Scan,
+    Watch,
     compress_frame,
     decode_artifact,
     encode_events,
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ...contract import SessionLogLike
-    from ...events import SessionEvent
+    from ...events import SessionEvent, StoredEvents
 
 __all__ = [
     "DEFAULT_COMPRESSION",
@@ -757,8 +758,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         await checkpoint_if_cancelled()  # a listing cancelled meanwhile returns nothing
         return listing
 
-    async def inspect(self, session_id: str) -> StoredLog:
+    async def inspect(self, session_id: str, *, watch: Watch | None = None) -> StoredLog:
         """Read a log without changing anything; ``repair`` is what recovery would append.
+
+        *watch*, if given, is called in a worker thread as the log is read, with its header
+        and the events read so far (:data:`~.format.Watch`); what it raises stops the read.
 
         :raises SessionNotFoundError: if there is no log for *session_id*.
         :raises CorruptLogError: if the committed region is damaged.
@@ -767,7 +771,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         :raises PersistenceError: if the log's header names another session.
         """
         found = await anyio.to_thread.run_sync(self._find_or_raise, session_id)
-        scan, repair = await anyio.to_thread.run_sync(self._read_log, found.path, session_id)
+        read = partial(self._read_log, found.path, session_id, watch)
+        scan, repair = await anyio.to_thread.run_sync(read)
         await checkpoint_if_cancelled()
         return StoredLog(scan.header, scan.events, repair, len(scan.torn), str(found.path))
 
@@ -877,8 +882,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
         :raises LiveSessionError: if the session is live here and its turn is still open.
         :raises SessionLockedError: if another process is writing the session.
-        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError,
-            PersistenceError: as :meth:`inspect`; nothing is changed.
+        :raises SessionNotFoundError, CorruptLogError, UnsupportedFormatError, PersistenceError:
+            as :meth:`inspect`; nothing is changed.
         """
         return await super().load(session_id)
 
@@ -989,14 +994,16 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             target = earlier.with_name(f"{earlier.name}{MIGRATED_SUFFIX}.{attempt}")
         self.files.rename(earlier, target)
 
-    def _read_log(self, path: Path, session_id: str) -> tuple[Scan, tuple[SessionEvent, ...]]:
+    def _read_log(
+        self, path: Path, session_id: str, watch: Watch | None = None
+    ) -> tuple[Scan, tuple[SessionEvent, ...]]:
         """Read the log of *session_id* at *path*: what it holds, and the closers it needs.
 
         Bytes were cut after the events if they are torn now, or if a recovery cut them there
         and stopped before closing the turn (the bytes it kept are named after the offset);
         what that recovery salvaged from them is salvaged again from the kept copy.
         """
-        scan, _ = self._stable_scan(path, session_id)
+        scan, _ = self._stable_scan(path, session_id, watch)
         kept = _kept_copies(path, scan.committed_bytes)
         tail_cut = bool(scan.torn) or bool(kept)
         if not scan.torn and kept and path.name == ZSTD_LOG_NAME:
@@ -1080,16 +1087,23 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _stable_scan(self, path: Path, session_id: str) -> tuple[Scan, str]:
+    def _stable_scan(
+        self, path: Path, session_id: str, watch: Watch | None = None
+    ) -> tuple[Scan, str]:
         """Scan the log at *path* (a chunk at a time) until its revision is the same before and
         after: a scan that another process's append or repair overlapped is made again, as the
         original harness reads. Return the scan and that revision.
 
+        *watch* sees the events as they are read, each scan's anew (:data:`~.format.Watch`),
+        up to the batch holding the first record of an older shape, which only the whole scan
+        converts (:mod:`..legacy`).
+
         :raises LogChangedError: if the log changed during each of several scans.
         """
+        current = None if watch is None else _CurrentOnly(watch)
         for _ in range(_STABLE_READS):
             before = self._revision_of(path, session_id)
-            scan = self._scan_session(path, session_id)
+            scan = self._scan_session(path, session_id, watch=current)
             after = self._revision_of(path, session_id)
             if before == after:
                 return _upgraded(scan, path, session_id), after
@@ -1104,22 +1118,44 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         except FileNotFoundError:
             raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
 
-    def _scan_session(self, path: Path, session_id: str, data: bytes | None = None) -> Scan:
+    def _scan_session(
+        self,
+        path: Path,
+        session_id: str,
+        data: bytes | None = None,
+        *,
+        watch: Watch | None = None,
+    ) -> Scan:
         """Scan the log at *path* (or its bytes *data*), refusing a log whose header names
-        another session (a copied log), or a place other than where it is."""
+        another session (a copied log), or a place other than where it is (before *watch* sees
+        any of it)."""
+        checked = False
+
+        def check(header: SessionHeader) -> None:
+            nonlocal checked
+            if not checked:
+                if header.id != session_id:
+                    raise MisplacedLogError(
+                        f"{path} belongs to session {header.id!r}, not {session_id!r}; "
+                        "refusing to read or change it as that session"
+                    )
+                self._expected_log(header, path)
+                checked = True
+
+        def watched(header: SessionHeader, events: StoredEvents) -> None:
+            check(header)
+            if watch is not None:
+                watch(header, events)
+
+        seen = None if watch is None else watched
         if data is not None:
-            scan = scan_log(data, path)
+            scan = scan_log(data, path, watch=seen)
         else:
             try:
-                scan = scan_file(partial(self.files.reader, path), path)
+                scan = scan_file(partial(self.files.reader, path), path, watch=seen)
             except FileNotFoundError:
                 raise SessionNotFoundError(f"no session {session_id!r} under {self.root}") from None
-        if scan.header.id != session_id:
-            raise MisplacedLogError(
-                f"{path} belongs to session {scan.header.id!r}, not {session_id!r}; "
-                "refusing to read or change it as that session"
-            )
-        self._expected_log(scan.header, path)
+        check(scan.header)
         return scan
 
 
@@ -1133,6 +1169,31 @@ def _upgraded(scan: Scan, path: Path, session_id: str) -> Scan:
     except LegacyRecordError as error:
         raise CorruptLogError(path, None, error.problem, seq=error.seq) from None
     return scan if events is scan.events else replace(scan, events=events)
+
+
+class _CurrentOnly:
+    """A :data:`~.format.Watch` passing on the events of a scan up to the batch that holds the
+    first record of an older shape (later ones are not passed on: the whole scan converts
+    them); a scan started again is passed on from where the last one was checked."""
+
+    __slots__ = ("_checked", "_events", "_older", "_watch")
+
+    def __init__(self, watch: Watch) -> None:
+        self._watch = watch
+        self._events: StoredEvents | None = None
+        self._checked = 0
+        self._older = False
+
+    def __call__(self, header: SessionHeader, events: StoredEvents) -> None:
+        if self._older:
+            return
+        if events is not self._events:  # a scan started again
+            self._events, self._checked = events, 0
+        if first_older(events, self._checked) is not None:
+            self._older = True
+            return
+        self._checked = len(events)
+        self._watch(header, events)
 
 
 def _header_bytes(header: SessionHeader, compression: Compression) -> bytes:

@@ -93,6 +93,7 @@ __all__ = [
     "Compression",
     "Read",
     "Scan",
+    "Watch",
     "compress_frame",
     "decode_artifact",
     "encode_events",
@@ -106,6 +107,9 @@ __all__ = [
 ]
 
 Compression: TypeAlias = Literal["none", "zstd"]
+Watch: TypeAlias = "Callable[[SessionHeader, StoredEvents], None]"
+"""Called as a scan goes, with the header and the events read so far (the same object each
+time, longer each time); what it raises stops the scan."""
 COMPRESSIONS: Final[tuple[Compression, ...]] = ("none", "zstd")
 
 EARLIER_FORMAT: Final = "kai-session"
@@ -319,7 +323,9 @@ Read: TypeAlias = "Callable[[int], bytes]"
 """Reads up to the given number of bytes from where the last read ended; ``b""`` at the end."""
 
 
-def scan_log(data: bytes, path: Path, *, chunk_bytes: int | None = None) -> Scan:
+def scan_log(
+    data: bytes, path: Path, *, chunk_bytes: int | None = None, watch: Watch | None = None
+) -> Scan:
     """Read a whole log held in memory, as :func:`scan_stream` reads one (a chunk of
     *chunk_bytes* at a time; by default all at once)."""
 
@@ -339,7 +345,7 @@ def scan_log(data: bytes, path: Path, *, chunk_bytes: int | None = None) -> Scan
 
         yield read
 
-    return scan_file(opened, path, chunk_bytes=chunk_bytes or max(len(data), 1))
+    return scan_file(opened, path, chunk_bytes=chunk_bytes or max(len(data), 1), watch=watch)
 
 
 def scan_file(
@@ -347,13 +353,17 @@ def scan_file(
     path: Path,
     *,
     chunk_bytes: int = CHUNK_BYTES,
+    watch: Watch | None = None,
 ) -> Scan:
     """:func:`scan_stream` a log that *opener* opens for reading from its start, whatever the
-    depth of the caller's stack (on a deep stack, it is read again on a fresh one)."""
+    depth of the caller's stack (on a deep stack, it is read again on a fresh one, and *watch*
+    sees another, shorter, object)."""
 
     def attempt(fresh_stack: bool) -> Scan:
         with opener() as read:
-            return scan_stream(read, path, chunk_bytes=chunk_bytes, fresh_stack=fresh_stack)
+            return scan_stream(
+                read, path, chunk_bytes=chunk_bytes, fresh_stack=fresh_stack, watch=watch
+            )
 
     try:
         return attempt(False)
@@ -362,7 +372,12 @@ def scan_file(
 
 
 def scan_stream(
-    read: Read, path: Path, *, chunk_bytes: int = CHUNK_BYTES, fresh_stack: bool = False
+    read: Read,
+    path: Path,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+    fresh_stack: bool = False,
+    watch: Watch | None = None,
 ) -> Scan:
     """Read a log (compressed if *path* ends in ``.zstd``) a chunk at a time through *read*;
     separate its committed events from a torn tail.
@@ -385,7 +400,7 @@ def scan_stream(
 
     *fresh_stack* tells that the caller runs on a fresh stack, where a line too deep to decode
     is refused as damage; otherwise it raises :class:`RecursionError` (:func:`scan_file` then
-    reads the log again on a fresh stack).
+    reads the log again on a fresh stack). *watch*, if given, sees the events as they are read.
 
     :raises CorruptLogError: naming *path* and the line (or the byte of a damaged frame).
     :raises UnsupportedFormatError: if the header has another format version, the log is not
@@ -395,7 +410,7 @@ def scan_stream(
         raise ValueError(f"chunk_bytes must be a positive integer, not {chunk_bytes!r}")
     source = _Chunks(read, chunk_bytes)
     scan = _scan_zstd if path.name.endswith(".zstd") else _scan_plain
-    return scan(source, path, fresh_stack=fresh_stack)
+    return scan(source, path, fresh_stack=fresh_stack, watch=watch)
 
 
 @final
@@ -453,6 +468,7 @@ class _Reader:
     header: SessionHeader
     fresh_stack: bool
     events: StoredEvents
+    watch: Watch | None = None
 
     def bulk(self, data: bytes, offset: int) -> int:
         """Decode complete lines from *offset* on with the fast paths; return where they
@@ -466,6 +482,8 @@ class _Reader:
                 if not decode_run(events, data, offset, stop + 1, earlier=earlier):
                     break
                 offset = stop + 1
+                if self.watch is not None:
+                    self.watch(self.header, events)
         return offset
 
     def line(self, line: bytes) -> Columns:
@@ -479,6 +497,8 @@ class _Reader:
 
     def add(self, columns: Columns) -> None:
         self.events.extend_stored(*columns)
+        if self.watch is not None:
+            self.watch(self.header, self.events)
 
     def refuse(self, line_number: int, error: RecordError) -> NoReturn:
         if error.unsupported:
@@ -488,7 +508,9 @@ class _Reader:
         raise CorruptLogError(self.path, line_number, error.problem, seq=len(self.events))
 
 
-def _scan_plain(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
+def _scan_plain(
+    source: _Chunks, path: Path, *, fresh_stack: bool, watch: Watch | None = None
+) -> Scan:
     while (end := source.buffer.find(b"\n")) < 0 and source.more(0, 2 * len(source.buffer)):
         pass  # the header line, split across chunks
     if source.buffer.startswith(_ZSTD_MAGIC):
@@ -496,7 +518,7 @@ def _scan_plain(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
     if end < 0:
         raise CorruptLogError(path, 1, "the header line is incomplete")
     header = _decode_header(source.buffer[:end], path, fresh_stack=fresh_stack)
-    reader = _Reader(path, header, fresh_stack, StoredEvents())
+    reader = _Reader(path, header, fresh_stack, StoredEvents(), watch)
     source.pos = end + 1
     committed = source.pos  # in the file
     line_number = 2
@@ -682,7 +704,9 @@ def _next_frame(source: _Chunks) -> int | str | None:
             return end
 
 
-def _scan_zstd(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
+def _scan_zstd(
+    source: _Chunks, path: Path, *, fresh_stack: bool, watch: Watch | None = None
+) -> Scan:
     end = _next_frame(source)
     if not isinstance(end, int):
         start = source.buffer[:4]
@@ -695,7 +719,7 @@ def _scan_zstd(source: _Chunks, path: Path, *, fresh_stack: bool) -> Scan:
     if first.find(b"\n") != len(first) - 1:
         raise CorruptLogError(path, 1, "the first frame is not exactly one header line")
     header = _decode_header(first[:-1], path, fresh_stack=fresh_stack)
-    reader = _Reader(path, header, fresh_stack, StoredEvents())
+    reader = _Reader(path, header, fresh_stack, StoredEvents(), watch)
     source.pos = end
     # The frames' text is read a group of frames at a time (about a run of lines of the fast
     # path each, ending at the end of a line), up to the first frame that fails its checksum.
