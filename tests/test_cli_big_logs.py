@@ -377,3 +377,38 @@ def test_json_of_a_whole_log_is_written_as_it_is_read(
     assert (
         err == f"kai-checkpoint: corrupt session log {path}, line 8: seq 3 where 6 was expected\n"
     )
+
+
+def test_json_of_a_log_with_older_records_prints_them_converted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Events are written as they are read only up to the first older record, which the whole
+    read converts: the output is the converted log, as without streaming."""
+    first = events(*COMPLETE_TURN)
+    older = [
+        SessionEvent("turn/start", 6, first[-1].time + 1, {"turn": 2}, None, None),
+        SessionEvent(
+            "user/message",
+            7,
+            first[-1].time + 2,
+            {"content": [{"type": "text", "text": "hi"}], "source": {"kind": "prompt"}},
+            None,
+            "append",
+        ),
+        SessionEvent(
+            "turn/end", 8, first[-1].time + 3, {"turn": 2, "reason": {"kind": "completed"}}
+        ),
+    ]
+    write_log(tmp_path, "s", log_bytes("s", [*first, *older]))
+    status, out, _err = run(capsys, "inspect", tmp_path, "s", "--json")
+    assert status == 0
+    printed = [record for record in records(out) if "type" in record and "seq" in record]
+    assert [record["seq"] for record in printed] == list(range(9))
+    assert printed[7]["data"] == {
+        "content": [{"type": "text", "text": "hi"}],
+        "source": {"kind": "prompt"},
+        "id": "legacy-message:s:7",
+        "role": "user",
+    }
+    log = anyio.run(JsonlSessionPersistence(tmp_path).inspect, "s")
+    assert printed == [json.loads(item.encode()) for item in log.events]

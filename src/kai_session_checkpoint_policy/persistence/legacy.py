@@ -111,22 +111,28 @@ def upgrade_events(events: StoredEvents, session_id: str) -> StoredEvents:
     return result
 
 
-def first_older(events: StoredEvents, start: int = 0) -> int | None:
-    """The seq of the first event from *start* on that may hold an older shape (one that
-    :func:`upgrade_events` would look at one by one), or ``None``. Nothing is made or decoded."""
+def first_older(events: StoredEvents, session_id: str, start: int = 0) -> int | None:
+    """The seq of the first event from *start* on that :func:`upgrade_events` would convert
+    (or refuse), or ``None``; only the events whose stored text may hold an older shape are
+    made."""
     seqs, kinds, texts = events.stored_data(_LOOKED_AT, start)
-    first: int | None = None
+    suspects: list[int] = []
     for kind in set(kinds):
         positions = list(compress(range(len(kinds)), map(kind.__eq__, kinds)))
         group = list(map(texts.__getitem__, positions))
         if None in group or not _all_current(kind, group):
-            for position in positions:
-                text = texts[position]
-                if text is None or not _all_current(kind, [text]):
-                    seq = seqs[position]
-                    first = seq if first is None else min(first, seq)
-                    break
-    return first
+            suspects += positions
+    if not suspects:
+        return None
+    suspects.sort()
+    candidates = [(seqs[position], kinds[position], texts[position]) for position in suspects]
+    try:
+        upgraded = _upgraded(candidates, events.__getitem__, session_id, start)
+    except LegacyRecordError as error:
+        return error.seq
+    if upgraded is None:  # a result replacing a message before *start*
+        return seqs[suspects[0]]
+    return min((event.seq for event in upgraded), default=None)
 
 
 def _all_current(kind: str, texts: list[msgspec.Raw | None]) -> bool:

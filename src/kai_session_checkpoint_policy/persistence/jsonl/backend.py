@@ -1100,7 +1100,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
         :raises LogChangedError: if the log changed during each of several scans.
         """
-        current = None if watch is None else _CurrentOnly(watch)
+        current = None if watch is None else _CurrentOnly(watch, session_id)
         for _ in range(_STABLE_READS):
             before = self._revision_of(path, session_id)
             scan = self._scan_session(path, session_id, watch=current)
@@ -1176,10 +1176,11 @@ class _CurrentOnly:
     first record of an older shape (later ones are not passed on: the whole scan converts
     them); a scan started again is passed on from where the last one was checked."""
 
-    __slots__ = ("_checked", "_events", "_older", "_watch")
+    __slots__ = ("_checked", "_events", "_older", "_session_id", "_watch")
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(self, watch: Watch, session_id: str) -> None:
         self._watch = watch
+        self._session_id = session_id
         self._events: StoredEvents | None = None
         self._checked = 0
         self._older = False
@@ -1189,7 +1190,7 @@ class _CurrentOnly:
             return
         if events is not self._events:  # a scan started again
             self._events, self._checked = events, 0
-        if first_older(events, self._checked) is not None:
+        if first_older(events, self._session_id, self._checked) is not None:
             self._older = True
             return
         self._checked = len(events)
