@@ -123,7 +123,7 @@ def test_the_schema_is_created_once_and_versioned(open_store: OpenStore, admin: 
 
     second = open_store()
 
-    assert first.schema_version == second.schema_version == SCHEMA_VERSION == 1
+    assert first.schema_version == second.schema_version == SCHEMA_VERSION == 2
     assert tables == ["events", "leases", "schema_version", "sessions"]
     assert len(created) == 1
     # Not applied again: the row is the one the first store's migration wrote.

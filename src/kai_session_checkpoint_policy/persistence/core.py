@@ -37,7 +37,8 @@ from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
 from ..events import MAX_TIME, time_problem
 from ..hookspecs import hookimpl
-from .errors import EventTimeError, LiveSessionError, SeqMismatchError
+from ..meta import SessionMeta
+from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMismatchError
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
 from .workers import run_in_worker
@@ -61,6 +62,7 @@ __all__ = [
     "WriteBehind",
     "Writer",
     "check_batch",
+    "check_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,18 +136,26 @@ class Writer(Generic[H]):
 
     __slots__ = (
         "barrier",
+        "header",
         "lane",
         "log",
         "pending",
+        "seed",
         "session",
         "session_id",
         "window",
         "write_seconds",
     )
 
-    def __init__(self, session: SessionLogLike) -> None:
+    def __init__(self, session: SessionLogLike, header: SessionHeader | None = None) -> None:
         self.session = session
         self.session_id = session.id
+        # The header a new log gets: from the session's metadata, else (a host that has none)
+        # made of the first event's time.
+        self.header = header
+        # The events the session was created with, and how many, while they are not known to
+        # be stored: a fork's seed, or a stored log the host passed back as a seed.
+        self.seed: tuple[Sequence[SessionEvent], int] | None = None
         self.pending: list[SessionEvent] = []
         self.window = BatchWindow()
         self.barrier: _Barrier | None = None
@@ -169,6 +179,42 @@ class Writer(Generic[H]):
         """Whether window *number* is the open one, and no flush is draining the queue."""
         window = self.window
         return window.number == number and window.is_open and self.barrier is None
+
+
+def check_seed(
+    session_id: str, seed: Sequence[SessionEvent], stored: Sequence[SessionEvent], where: str
+) -> None:
+    """Refuse a live session whose *seed* is not the log *stored* for its id, or a prefix of
+    it extended by the seed: the first differing seq is named.
+
+    :raises SeedMismatchError: if they differ.
+    """
+    for seq, (ours, theirs) in enumerate(zip(seed, stored, strict=False)):
+        if ours.encode() != theirs.encode():
+            raise SeedMismatchError(
+                f"session {session_id!r}: its seed differs from the log stored at {where} at "
+                f"seq {seq}: the seed has {ours.type!r} where the log has {theirs.type!r}; "
+                "nothing was written",
+                seq,
+            )
+    if len(stored) > len(seed):
+        raise SeedMismatchError(
+            f"session {session_id!r}: its seed ends at seq {len(seed)}, but the log stored at "
+            f"{where} goes on to seq {len(stored) - 1} ({stored[len(seed)].type!r} at seq "
+            f"{len(seed)}); nothing was written",
+            len(seed),
+        )
+
+
+def header_of(session: SessionLogLike) -> SessionHeader | None:
+    """The header of a new log of *session*, from its metadata (``session.meta``), if it has
+    any."""
+    meta = getattr(session, "meta", None)
+    if not isinstance(meta, SessionMeta):
+        return None
+    if meta.created_at is None:  # the first event's time: known when it is written
+        return None
+    return SessionHeader.of(session.id, meta, meta.created_at)
 
 
 def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], where: str) -> None:
@@ -227,12 +273,28 @@ class WriteBehind(ABC, Generic[H]):
 
     @hookimpl
     def session_attach(self, session: SessionLogLike) -> None:
-        """Know *session* as live: a load never repairs its log, even before it appends."""
+        """Know *session* as live: a load never repairs its log, even before it appends.
+
+        This is the original harness's ``session/created``: the session's metadata is kept
+        for its log's header, and the events it was created with (a seed) are to be stored
+        once, before its own. Hearing of the same session again changes nothing.
+        """
         writer = self._writers.get(session.id)
         if writer is None:
-            self._writers[session.id] = Writer(session)
+            writer = self._writers[session.id] = Writer(session)
+        elif writer.session is session:
+            return  # announced again: initialized already
         else:
             writer.session = session  # a session live again under the same id goes on
+            if writer.pending or writer.busy or writer.log is not None:
+                return
+        writer.header = header_of(session)
+        events = session.events
+        first: object = getattr(session, "first_live_seq", None)
+        count = first if type(first) is int and 0 <= first <= len(events) else len(events)
+        if count and not getattr(session, "seed_stored", False):
+            writer.seed = (events, count)
+            self._open_window(writer)  # the seed is written in the background, as events are
 
     @hookimpl
     def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
@@ -256,7 +318,7 @@ class WriteBehind(ABC, Generic[H]):
         writer = self._writers.get(session.id)
         if writer is None or writer.session is not session:
             return
-        if not (writer.pending or writer.busy):
+        if not (writer.pending or writer.busy or writer.seed is not None):
             self._forget(writer)
         elif self._task_group is not None:  # else the backend is closing, and drains it
             self._task_group.start_soon(self._retire, writer, session)
@@ -264,7 +326,9 @@ class WriteBehind(ABC, Generic[H]):
     @hookimpl
     def session_flush(self, session: SessionLogLike) -> FlushThunk | None:
         writer = self._writers.get(session.id)
-        if writer is None or not (writer.pending or writer.log is not None or writer.busy):
+        if writer is None or not (
+            writer.pending or writer.log is not None or writer.busy or writer.seed is not None
+        ):
             return None  # known live, and nothing admitted: nothing to flush
         return lambda: self._flush(writer)
 
@@ -279,10 +343,14 @@ class WriteBehind(ABC, Generic[H]):
         """Read a stored log and the repair recovery would add, changing nothing."""
 
     @abstractmethod
-    def _ready(self, session_id: str, log: H | None, expected: int) -> H:
+    def _ready(
+        self, session_id: str, log: H | None, expected: int, header: SessionHeader | None
+    ) -> H:
         """Get the session's handle ready for a write (blocking): its durable count known.
 
-        *expected* is how many events the live session holds before the batch to be written.
+        *expected* is how many events the live session holds before the batch to be written;
+        *header* is the header a log created now gets (``None``: one made of the first
+        event's time).
         """
 
     @abstractmethod
@@ -347,7 +415,8 @@ class WriteBehind(ABC, Generic[H]):
         while draining := [
             writer
             for writer in self._writers.values()
-            if (writer.pending or writer.lane.locked()) and writer.session_id not in failures
+            if (writer.pending or writer.lane.locked() or writer.seed is not None)
+            and writer.session_id not in failures
         ]:
             for writer in draining:
                 try:
@@ -375,7 +444,7 @@ class WriteBehind(ABC, Generic[H]):
             return
         async with writer.lane:
             # Unless the id became live again meanwhile, with a new session that goes on.
-            if writer.session is session and not writer.pending:
+            if writer.session is session and not (writer.pending or writer.seed is not None):
                 self._forget(writer)
 
     def _forget(self, writer: Writer[H]) -> None:
@@ -412,7 +481,7 @@ class WriteBehind(ABC, Generic[H]):
                 await checkpoint_if_cancelled()
                 return
             # Its leader was cancelled before the queue was empty: lead the next drain.
-        if not writer.lane.locked():
+        if not writer.lane.locked() and writer.seed is None:
             if writer.pending and self._may_write_inline(writer):
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield. Nor a scheduler round after it (which costs a sixth of a small
@@ -438,8 +507,9 @@ class WriteBehind(ABC, Generic[H]):
                 await writer.lane.acquire()
                 try:
                     await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
-                    while writer.pending:
-                        await self._write_pending(writer, inline=self._may_write_inline(writer))
+                    while writer.pending or writer.seed is not None:
+                        inline = writer.seed is None and self._may_write_inline(writer)
+                        await self._write_pending(writer, inline=inline)
                     barrier.drained = True
                     writer.barrier = None  # in the same step that saw the queue empty
                 finally:
@@ -513,6 +583,10 @@ class WriteBehind(ABC, Generic[H]):
         after it, with the batch durable.
         """
         if not inline:
+            if writer.seed is not None:
+                await self._settle_seed(writer)
+                if not writer.pending:
+                    return
             await self._make_room(writer)  # may wait: the caller holds the lane, shielded
         batch, writer.pending = writer.pending, []
         writer.window.close()
@@ -543,6 +617,27 @@ class WriteBehind(ABC, Generic[H]):
                 writer.pending[:0] = batch
             self._after_write(writer)
 
+    async def _settle_seed(self, writer: Writer[H]) -> None:
+        """Queue what the store lacks of *writer*'s seed, ahead of its events.
+
+        The seed of a session whose id has no log is queued whole (a fork's seed, and its
+        ``session/end-seed``); a seed of a stored session must be that log (or the log a
+        prefix of it), and only what follows the stored events is queued.
+
+        :raises SeedMismatchError: if the seed differs from the stored log; it stays
+            unsettled, so every later flush fails alike, and nothing is written.
+        """
+        assert writer.seed is not None
+        events, count = writer.seed
+        stored = 0
+        if await run_in_worker(partial(self.session_exists, writer.session_id)):
+            log = await self.inspect(writer.session_id)
+            seed = events[:count]
+            check_seed(writer.session_id, seed, log.events, log.location)
+            stored = len(log.events)
+        writer.pending[:0] = events[stored:count]
+        writer.seed = None
+
     def _write_batch(self, writer: Writer[H], batch: Sequence[SessionEvent]) -> None:
         """Check *batch* against the durable cursor and make it durable (blocking).
 
@@ -550,7 +645,9 @@ class WriteBehind(ABC, Generic[H]):
         """
         start = time.perf_counter()
         try:
-            log = writer.log = self._ready(writer.session_id, writer.log, batch[0].seq)
+            log = writer.log = self._ready(
+                writer.session_id, writer.log, batch[0].seq, writer.header
+            )
             check_batch(writer.session_id, log.count, batch, self._location(log))
             self._append(log, writer.session_id, batch)
             log.count += len(batch)
@@ -558,7 +655,12 @@ class WriteBehind(ABC, Generic[H]):
             took = time.perf_counter() - start
             writer.write_seconds = max(took, writer.write_seconds * 0.875)
 
-    async def write_log(self, session_id: str, events: Sequence[SessionEvent]) -> None:
+    async def write_log(
+        self,
+        session_id: str,
+        events: Sequence[SessionEvent],
+        header: SessionHeader | None = None,
+    ) -> None:
         """Store *events*, a whole log from seq 0, as the new session *session_id*: all of it,
         or nothing.
 
@@ -571,7 +673,7 @@ class WriteBehind(ABC, Generic[H]):
         """
         if session_id in self._writers:
             raise LiveSessionError(f"cannot write session {session_id!r} whole: it is live here")
-        writer: Writer[H] = Writer(_WholeLog(session_id, events))
+        writer: Writer[H] = Writer(_WholeLog(session_id, events), header)
         try:
             await run_in_worker(partial(self._write_batch, writer, events))
         finally:
@@ -600,7 +702,7 @@ class WriteBehind(ABC, Generic[H]):
                 if log is not None:
                     # Copies: a reader changing what it loaded changes neither the live
                     # session nor what it will write.
-                    header = SessionHeader(session_id, events[0].time)
+                    header = writer.header or SessionHeader(session_id, events[0].time)
                     loaded = tuple(event.copy() for event in events)
                     return StoredLog(header, loaded, (), 0, self._location(log))
                 # Live, and nothing written here yet: its log is what is stored, and a log
