@@ -39,6 +39,7 @@ from ..events import MAX_TIME, time_problem
 from ..hookspecs import hookimpl
 from ..meta import SessionMeta
 from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMismatchError
+from .ids import check_session_id
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
 from .workers import run_in_worker
@@ -258,6 +259,7 @@ class WriteBehind(ABC, Generic[H]):
         self._writers: dict[str, Writer[H]] = {}
         self._task_group: TaskGroup | None = None
         self._batches = 0
+        self._created: dict[str, SessionHeader] = {}  # created here, not yet written
 
     # -- plugin hooks ---------------------------------------------------------------------------
 
@@ -288,7 +290,8 @@ class WriteBehind(ABC, Generic[H]):
             writer.session = session  # a session live again under the same id goes on
             if writer.pending or writer.busy or writer.log is not None:
                 return
-        writer.header = header_of(session)
+        created = self._created.pop(session.id, None)
+        writer.header = created if created is not None else header_of(session)
         events = session.events
         first: object = getattr(session, "first_live_seq", None)
         count = first if type(first) is int and 0 <= first <= len(events) else len(events)
@@ -382,6 +385,31 @@ class WriteBehind(ABC, Generic[H]):
 
     def _after_write(self, writer: Writer[H]) -> None:
         """Called on the loop's thread after a write of *writer*, whether it succeeded or not."""
+
+    async def create(self, session_id: str, meta: SessionMeta | None = None) -> SessionHeader:
+        """Create the session *session_id*: its header is kept, its durable cursor is 0, and
+        nothing is written until its first events are (by the live session that takes the id,
+        or by :meth:`write_log`), so that it is not listed until then.
+
+        :param meta: The creation metadata; the creation time is now unless it gives one.
+        :return: The header its log will have.
+        :raises SessionExistsError: if the id has a stored log, or was created here already,
+            or is live here.
+        """
+        check_session_id(session_id)
+        meta = SessionMeta() if meta is None else meta
+        if not isinstance(meta, SessionMeta):
+            raise TypeError(f"meta must be a SessionMeta, not {meta!r}")
+        if session_id in self._created or session_id in self._writers:
+            raise SessionExistsError(f"session {session_id!r} already exists in {self.name}")
+        if await run_in_worker(partial(self.session_exists, session_id)):
+            raise SessionExistsError(
+                f"session {session_id!r} already has a log in {self.name}: continue it with "
+                f"'await host.sessions.resume({session_id!r})'"
+            )
+        header = SessionHeader.of(session_id, meta, time.time_ns() // 1_000_000)
+        self._created[session_id] = header
+        return header
 
     # -- flushing -------------------------------------------------------------------------------
 
@@ -673,9 +701,12 @@ class WriteBehind(ABC, Generic[H]):
         """
         if session_id in self._writers:
             raise LiveSessionError(f"cannot write session {session_id!r} whole: it is live here")
+        if header is None:
+            header = self._created.get(session_id)
         writer: Writer[H] = Writer(_WholeLog(session_id, events), header)
         try:
             await run_in_worker(partial(self._write_batch, writer, events))
+            self._created.pop(session_id, None)
         finally:
             if writer.log is not None:
                 self._release(writer.log)
