@@ -385,3 +385,31 @@ def test_the_command_line_lists_the_working_directory(
         {"id": "a", "createdAt": 1_700_000_000_000, "version": 0, "cwd": CWD},
         {"id": "b", "createdAt": 1_700_000_000_000, "version": 0},
     ]
+
+
+async def test_a_postgres_row_from_before_the_meta_column_has_a_plain_header(
+    postgres_dsn: str,
+) -> None:
+    import psycopg
+
+    from kai_session_checkpoint_policy.persistence import PostgresSessionPersistence
+
+    backend = PostgresSessionPersistence(postgres_dsn)
+    try:
+        async with Host([backend]) as host:
+            session = host.sessions.create("old", meta=SessionMeta(created_at=9, cwd=CWD))
+            session.append("turn/start", {"turn": 1})
+            await host.sessions.close(session)
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            stored = admin.execute("SELECT meta FROM kai_sessions.sessions").fetchall()
+            assert stored == [('{"cwd":"/home/dev/payments-app","delegationDepth":0}',)]
+            admin.execute("UPDATE kai_sessions.sessions SET meta = NULL")  # as schema 1 left it
+    finally:
+        backend.store.close()
+    reader = PostgresSessionPersistence(postgres_dsn)
+    try:
+        assert (await reader.inspect("old")).header == SessionHeader("old", 9)
+        assert (await reader.scan_sessions()).headers == (SessionHeader("old", 9),)
+    finally:
+        await reader.aclose()
+        reader.store.close()
