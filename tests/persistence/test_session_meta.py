@@ -413,3 +413,27 @@ async def test_a_postgres_row_from_before_the_meta_column_has_a_plain_header(
     finally:
         await reader.aclose()
         reader.store.close()
+
+
+async def test_a_copy_keeps_the_header_metadata(tmp_path: Path, postgres_dsn: str) -> None:
+    from kai_session_checkpoint_policy.persistence import (
+        PostgresSessionPersistence,
+        copy_session,
+    )
+
+    source = JsonlSessionPersistence(tmp_path / "a")
+    async with Host([source]) as host:
+        session = host.sessions.create("child", meta=META)
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.close(session)
+    database = PostgresSessionPersistence(postgres_dsn)
+    back = JsonlSessionPersistence(tmp_path / "b")
+    try:
+        await copy_session(JsonlSessionPersistence(tmp_path / "a"), database, "child")
+        assert (await database.inspect("child")).header == HEADER
+        await copy_session(database, back, "child")
+        assert (await back.inspect("child")).header == HEADER
+    finally:
+        await database.aclose()
+        database.store.close()
+    assert (tmp_path / "b" / PROJECT / "child" / "session.jsonl.zstd").is_file()
