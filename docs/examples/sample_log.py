@@ -26,6 +26,7 @@ from kai_session_checkpoint_policy.demo import (
     ScriptedModel,
     make_payment_tool,
 )
+from kai_session_checkpoint_policy.host import SessionMeta
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from kai_session_checkpoint_policy.persistence.jsonl.format import LOG_NAME, NO_CWD
 
@@ -42,7 +43,8 @@ async def complete(root: Path) -> bytes:
     ) as host:
         host.llm.register_adapter(PROVIDER, ScriptedModel())
         host.tools.register(make_payment_tool(announce=lambda text: None))
-        session = host.sessions.create(SESSION)
+        # Created at the clock's first time, which the first event then has too.
+        session = host.sessions.create(SESSION, meta=SessionMeta(created_at=START))
         await Agent(host, session, provider=PROVIDER, model=MODEL).run_turn(PROMPT)
         await host.sessions.flush(session)
     return (root / NO_CWD / SESSION / LOG_NAME).read_bytes()

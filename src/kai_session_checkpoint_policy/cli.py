@@ -153,6 +153,8 @@ async def _list(args: argparse.Namespace) -> int:
     if args.json:  # one object per session, ASCII, the header's fields under their own names
         for header in listing.headers:
             record = {"id": header.id, "createdAt": header.created_at, "version": header.version}
+            if header.cwd is not None:
+                record["cwd"] = header.cwd
             console.line(json.dumps(record, separators=(",", ":")))
     elif not listing.headers and not listing.problems:
         console.line(console.dim(f"no sessions under {printable(display_url(args.root))}"))
@@ -162,6 +164,8 @@ async def _list(args: argparse.Namespace) -> int:
         line = f"{printable(header.id)}\t{format_time(header.created_at)}"
         if log is not None and isinstance(backend, JsonlSessionPersistence):
             line += f"\t{printable(str(log.relative_to(backend.root)))}"
+        if header.cwd is not None:  # the session's working directory
+            line += f"\tcwd {printable(header.cwd)}"
         console.line(line)
     sys.stdout.flush()
     for problem in listing.problems:

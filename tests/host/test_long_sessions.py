@@ -12,13 +12,12 @@ from kai_session_checkpoint_policy import (
     Agent,
     Host,
     JsonlSessionPersistence,
-    SeqMismatchError,
     SessionEvent,
     SessionLockedError,
     TextDelta,
     policy,
 )
-from kai_session_checkpoint_policy.persistence import OsFiles
+from kai_session_checkpoint_policy.persistence import OsFiles, SeedMismatchError
 from kai_session_checkpoint_policy.pytest_plugin import RecordingAdapter
 
 if TYPE_CHECKING:
@@ -109,8 +108,8 @@ async def test_a_resumed_session_keeps_its_lock_until_it_is_detached(tmp_path: P
 
 
 async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Path) -> None:
-    """Loaded outside a host, a log is not locked: its first write adopts what the load found
-    only if nobody wrote the log since."""
+    """Loaded outside a host, a log is not locked: a session seeded with what the load found
+    writes only if the log is still that (the seed is checked against it first)."""
     await run_turns(tmp_path, 1)
     files = CountingFiles()
     backend = JsonlSessionPersistence(tmp_path, files=files)
@@ -122,22 +121,24 @@ async def test_a_log_written_elsewhere_after_the_load_is_read_again(tmp_path: Pa
         async with Host([backend]) as host:
             session = host.sessions.create("long", seed=loaded.events)
             session.append("turn/start", {"turn": 2})
-            with pytest.raises(SeqMismatchError) as refused:
+            with pytest.raises(SeedMismatchError) as refused:
                 await host.sessions.flush(session)
+            assert refused.value.seq == len(loaded.events)
             refusals.append(str(refused.value))
 
-    with pytest.raises(SeqMismatchError) as closing:  # closing the host drains it again
+    with pytest.raises(SeedMismatchError) as closing:  # closing the host drains it again
         await write_after_another_host()
     count = len(loaded.events)
+    path = tmp_path / "_no-cwd" / "long" / "session.jsonl.zstd"
     assert (
         refusals
         == [str(closing.value)]
         == [
-            f"session 'long': refusing to write seq {count} at position 0 of a batch; the stored "
-            f"log holds {2 * count} events, so seq {2 * count} was expected"
+            f"session 'long': its seed ends at seq {count}, but the log stored at {path} goes "
+            f"on to seq {2 * count - 1} ('turn/start' at seq {count}); nothing was written"
         ]
     )
-    assert files.reads == 2
+    assert files.reads == 3  # the load, and the seed's check at the flush and at the close
     stored = await JsonlSessionPersistence(tmp_path).load("long")
     assert (len(stored.events), stored.repair) == (2 * count, ())
 

@@ -360,7 +360,13 @@ async def test_a_seeded_live_session_continues_its_seq(host: Host) -> None:
 
     session = host.sessions.create("seeded", seed=seed)
 
-    assert session.append("turn/end", {"turn": 1}).seq == 1
+    # A seed of events no backend stores is a fork's: marked where the session's own begin.
+    assert [(event.type, event.seq) for event in session.events] == [
+        ("turn/start", 0),
+        ("session/end-seed", 1),
+    ]
+    assert session.first_live_seq == 2
+    assert session.append("turn/end", {"turn": 1}).seq == 2
     with pytest.raises(SessionError, match=r"event 0 has seq 1"):
         host.sessions.create("bad-seed", seed=[SessionEvent("turn/start", 1, 1, {})])
     assert host.sessions.get("bad-seed") is None

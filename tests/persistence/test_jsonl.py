@@ -107,7 +107,7 @@ async def test_flush_writes_header_and_events_as_lines(
             "type": "session",
             "version": FORMAT_VERSION,
             "id": "s/1",
-            "createdAt": first.time,
+            "createdAt": session.meta.created_at,
             "delegationDepth": 0,
         },
         first.to_json(),

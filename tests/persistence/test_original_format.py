@@ -205,9 +205,10 @@ def test_the_command_line_lists_inspects_and_recovers_each_root(case: Case) -> N
     status, out, err = run("list", str(case.root))
     assert (status, err) == (0, "")
     (line,) = out.splitlines()
-    shown, _, where = line.split("\t")
+    shown, _, where, *cwd = line.split("\t")
     assert where == str(case.log().relative_to(case.root))
     assert shown == case.session_id
+    assert cwd == (["cwd /home/dev/payments-app"] if case.name == "zstd-project-dir" else [])
     before = tree(case.root)
     status, out, err = run("inspect", str(case.root), case.session_id, "--json")
     assert (status, err) == (0, "")

@@ -115,7 +115,9 @@ def blocked_backends(admin: Admin, *known: int) -> list[int]:
 
 def test_the_schema_is_created_once_and_versioned(open_store: OpenStore, admin: Admin) -> None:
     first = open_store()
-    created = fetch(admin, "SELECT version, xmin::text FROM kai_sessions.schema_version")
+    created = fetch(
+        admin, "SELECT version, xmin::text FROM kai_sessions.schema_version ORDER BY version"
+    )
     tables = fetch(
         admin,
         "SELECT tablename FROM pg_tables WHERE schemaname = 'kai_sessions' ORDER BY tablename",
@@ -123,11 +125,14 @@ def test_the_schema_is_created_once_and_versioned(open_store: OpenStore, admin: 
 
     second = open_store()
 
-    assert first.schema_version == second.schema_version == SCHEMA_VERSION == 1
+    assert first.schema_version == second.schema_version == SCHEMA_VERSION == 2
     assert tables == ["events", "leases", "schema_version", "sessions"]
-    assert len(created) == 1
-    # Not applied again: the row is the one the first store's migration wrote.
-    assert fetch(admin, "SELECT version, xmin::text FROM kai_sessions.schema_version") == created
+    assert [version for version, _ in created] == [1, 2]  # one row per migration
+    # Not applied again: the rows are the ones the first store's migrations wrote.
+    assert (
+        fetch(admin, "SELECT version, xmin::text FROM kai_sessions.schema_version ORDER BY version")
+        == created
+    )
 
 
 def test_two_stores_opening_at_once_migrate_once(open_store: OpenStore, admin: Admin) -> None:
@@ -146,8 +151,11 @@ def test_two_stores_opening_at_once_migrate_once(open_store: OpenStore, admin: A
             admin.execute("SELECT pg_advisory_unlock(%s)", (key,))
         stores = [opening.result(WAIT) for opening in openings]
 
-    assert [store.schema_version for store in stores] == [1, 1]
-    assert fetch(admin, "SELECT version FROM kai_sessions.schema_version") == [1]
+    assert [store.schema_version for store in stores] == [2, 2]
+    assert fetch(admin, "SELECT version FROM kai_sessions.schema_version ORDER BY version") == [
+        1,
+        2,
+    ]
 
 
 def test_a_newer_schema_is_refused(open_store: OpenStore, admin: Admin, postgres_dsn: str) -> None:
@@ -160,7 +168,7 @@ def test_a_newer_schema_is_refused(open_store: OpenStore, admin: Admin, postgres
     database = postgres_dsn.partition("?")[0].rpartition("/")[2]
     assert str(refused.value).startswith(f"PostgreSQL session store, database {database} at /")
     assert str(refused.value).endswith(
-        ": schema 'kai_sessions' is at version 7, newer than version 1 which this release "
+        ": schema 'kai_sessions' is at version 7, newer than version 2 which this release "
         "knows; upgrade kai-session-checkpoint-policy"
     )
 

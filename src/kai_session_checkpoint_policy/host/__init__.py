@@ -4,6 +4,7 @@ It is one implementation of the host contract (:mod:`kai_session_checkpoint_poli
 among others; the policy and the backends use nothing of it but what the contract declares.
 """
 
+from ..meta import SessionMeta, SessionMetaError
 from ._hooks import HostHooks, MissingImplementationError
 from ._host import AUTOLOAD_ENV, Host, HostOptionError, PersistenceConflictError
 from .agent import Agent, PreStep, ToolCall, TurnOutcome
@@ -42,6 +43,8 @@ __all__ = [
     "Session",
     "SessionError",
     "SessionEvents",
+    "SessionMeta",
+    "SessionMetaError",
     "SessionNotLiveError",
     "SessionStore",
     "Tool",

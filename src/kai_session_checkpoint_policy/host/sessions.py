@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, Final, Protocol, overload
 
 import anyio
 
@@ -22,6 +23,7 @@ from ..events import (
     envelope_problem,
     time_problem,
 )
+from ..meta import SessionMeta
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Container, Iterable, Iterator, Sequence
@@ -40,6 +42,10 @@ __all__ = [
     "SessionStore",
     "epoch_ms",
 ]
+
+
+SEED_END: Final = "session/end-seed"
+"""The event that marks the end of a fork's seed."""
 
 
 def epoch_ms() -> int:
@@ -135,7 +141,17 @@ class Session:
     host's plugins through the ``session_event`` hook. A session built directly is detached.
     """
 
-    __slots__ = ("__weakref__", "_appended", "_clock", "_on_append", "_stored", "id")
+    __slots__ = (
+        "__weakref__",
+        "_appended",
+        "_clock",
+        "_on_append",
+        "_stored",
+        "first_live_seq",
+        "id",
+        "meta",
+        "seed_stored",
+    )
 
     def __init__(
         self,
@@ -144,8 +160,21 @@ class Session:
         *,
         clock: Callable[[], int] = epoch_ms,
         on_append: Callable[[Session, SessionEvent], None] | None = None,
+        meta: SessionMeta | None = None,
+        mark_seed: bool = False,
     ) -> None:
+        """
+        :param events: The events the session starts with: a stored log it continues, or the
+            seed of a fork.
+        :param meta: The creation metadata; its ``created_at`` is the clock's time now unless
+            given.
+        :param mark_seed: Whether *events* are a seed taken from another session: then a
+            ``session/end-seed`` event marks where the session's own events begin (unless the
+            seed ends with one already). It is part of the seed, and is not announced.
+        """
         _require_name("a session id", session_id)
+        if meta is not None and not isinstance(meta, SessionMeta):
+            raise SessionError(f"meta must be a SessionMeta, not {meta!r}")
         self.id = session_id
         # A loaded log's events are kept as they are (they are contiguous from seq 0).
         self._stored: Sequence[SessionEvent]
@@ -161,6 +190,22 @@ class Session:
                     )
         self._appended: list[SessionEvent] = []
         self._clock = clock
+        self._on_append = None
+        meta = SessionMeta() if meta is None else meta
+        if meta.created_at is None:
+            now = clock()
+            if type(now) is int and 0 <= now <= MAX_TIME:  # else no event can be appended
+                meta = replace(meta, created_at=now)
+        self.meta: SessionMeta = meta
+        """The creation metadata; a persistence backend writes it into the log's header."""
+        if mark_seed and not (self._stored and self._stored[-1].type == SEED_END):
+            self.append(SEED_END, {})
+        self.seed_stored = False
+        """Whether the events the session started with are its log just loaded from the
+        persistence backend (a resumed session): the backend need not check them."""
+        self.first_live_seq: int = self.seq
+        """The seq of the first event appended live: the events before it (a stored log, or a
+        seed and its marker) were there when the session was made, and were not announced."""
         self._on_append = on_append
 
     def __repr__(self) -> str:
@@ -270,29 +315,62 @@ class SessionStore:
             raise HostStateError("the host is not open: use its sessions inside 'async with host:'")
 
     def create(
-        self, session_id: str | None = None, *, seed: Iterable[SessionEvent] | None = None
+        self,
+        session_id: str | None = None,
+        *,
+        seed: Iterable[SessionEvent] | None = None,
+        meta: SessionMeta | None = None,
     ) -> Session:
-        """Create a live session, optionally seeded with an already durable log.
+        """Create a live session, optionally with a *seed* of events, and its metadata.
 
+        A *seed* for an id the persistence backend has a log of continues that log: the
+        backend checks that the seed is what it stores, and writes only what follows. Any
+        other seed is a fork: the session starts with it and a ``session/end-seed`` event,
+        and the backend writes them once, before the session's own events.
+
+        :param meta: The creation metadata (working directory, parent session, delegation
+            depth, seed length, creation time), written in the log's header.
         :raises SessionExistsError: if, without a *seed*, the persistence backend already has
-            a log for this id (:meth:`resume` continues it); a seed, even an empty one (a stored
-            log without events), is that log.
+            a log for this id (:meth:`resume` continues it).
         :raises SessionError: if a live session already has this id.
         """
+        return self._create(session_id, seed, meta, seed_stored=False)
+
+    def _create(
+        self,
+        session_id: str | None,
+        seed: Iterable[SessionEvent] | None,
+        meta: SessionMeta | None,
+        *,
+        seed_stored: bool,
+    ) -> Session:
         self._require_open()
         session_id = uuid.uuid4().hex if session_id is None else session_id
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
         persistence = self._host.session_persistence
         events = seed if isinstance(seed, StoredEvents) else tuple(seed or ())
-        if seed is None and persistence is not None and persistence.session_exists(session_id):
+        try:
+            stored = persistence is not None and persistence.session_exists(session_id)
+        except Exception:
+            if seed is None:
+                raise
+            stored = True  # not a fork; the backend refuses the id again, naming why
+        if seed is None and stored:
+            assert persistence is not None
             raise SessionExistsError(
                 f"session {session_id!r} already has a log in {persistence.name}: continue it "
                 f"with 'await host.sessions.resume({session_id!r})', which recovers it first"
             )
         session = Session(
-            session_id, events, clock=self._clock, on_append=self._hooks.session_event
+            session_id,
+            events,
+            clock=self._clock,
+            on_append=self._hooks.session_event,
+            meta=meta,
+            mark_seed=seed is not None and not stored,
         )
+        session.seed_stored = seed_stored
         self._live[session_id] = session
         self._hooks.session_attach(session)
         return session
@@ -317,7 +395,29 @@ class SessionStore:
         if session_id in self._live:
             raise SessionError(f"a live session {session_id!r} already exists")
         stored = await persistence.load(session_id)
-        return self.create(session_id, seed=stored.events)
+        return self._create(session_id, stored.events, _meta_of(stored), seed_stored=True)
+
+    def fork(
+        self, source: Session, through: int | None = None, session_id: str | None = None
+    ) -> Session:
+        """Create a live session seeded with *source*'s events up to seq *through* (all of
+        them by default): a branch, a retry from a point, a subagent's start.
+
+        The new session keeps *source*'s working directory, names *source* as its parent,
+        and records the seed's length; its log holds the seed once, then a
+        ``session/end-seed`` event, then its own events.
+
+        :raises SessionError: if *through* is not the seq of one of *source*'s events.
+        """
+        events = source.events
+        if through is not None and (type(through) is not int or not 0 <= through < len(events)):
+            raise SessionError(
+                f"cannot fork session {source.id!r} through seq {through!r}: it holds "
+                f"seqs 0 to {len(events) - 1}"
+            )
+        seed = events[: len(events) if through is None else through + 1]
+        meta = SessionMeta(cwd=source.meta.cwd, parent_session=source.id, seed_length=len(seed))
+        return self.create(session_id, seed=seed, meta=meta)
 
     async def open(self, session_id: str) -> Session:
         """:meth:`resume` the session if the persistence backend has it, else :meth:`create` it."""
@@ -376,6 +476,23 @@ class SessionStore:
             await _settle_all(thunks)
         await checkpoint_if_cancelled()  # even a flush with nothing to do is a cancel point
         return bool(thunks)
+
+
+def _meta_of(stored: object) -> SessionMeta | None:
+    """The creation metadata of a stored log, if its header tells it."""
+    header = getattr(stored, "header", None)
+    if header is None:
+        return None
+    origin = getattr(header, "origin", None)
+    return SessionMeta(
+        created_at=getattr(header, "created_at", None),
+        cwd=getattr(header, "cwd", None),
+        parent_session=getattr(header, "parent_session", None),
+        seed_length=getattr(header, "seed_length", None),
+        delegation_depth=getattr(header, "delegation_depth", 0),
+        origin="subagent" if origin == "subagent" else None,
+        agent_preset=getattr(header, "agent_preset", None),
+    )
 
 
 async def _settle_all(thunks: Sequence[FlushThunk]) -> None:

@@ -37,7 +37,9 @@ from ..cancellation import checkpoint_if_cancelled
 from ..contract import SessionExistsError
 from ..events import MAX_TIME, time_problem
 from ..hookspecs import hookimpl
-from .errors import EventTimeError, LiveSessionError, SeqMismatchError
+from ..meta import SessionMeta
+from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMismatchError
+from .ids import check_session_id
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
 from .workers import run_in_worker
@@ -61,6 +63,7 @@ __all__ = [
     "WriteBehind",
     "Writer",
     "check_batch",
+    "check_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -134,18 +137,26 @@ class Writer(Generic[H]):
 
     __slots__ = (
         "barrier",
+        "header",
         "lane",
         "log",
         "pending",
+        "seed",
         "session",
         "session_id",
         "window",
         "write_seconds",
     )
 
-    def __init__(self, session: SessionLogLike) -> None:
+    def __init__(self, session: SessionLogLike, header: SessionHeader | None = None) -> None:
         self.session = session
         self.session_id = session.id
+        # The header a new log gets: from the session's metadata, else (a host that has none)
+        # made of the first event's time.
+        self.header = header
+        # The events the session was created with, and how many, while they are not known to
+        # be stored: a fork's seed, or a stored log the host passed back as a seed.
+        self.seed: tuple[Sequence[SessionEvent], int] | None = None
         self.pending: list[SessionEvent] = []
         self.window = BatchWindow()
         self.barrier: _Barrier | None = None
@@ -173,6 +184,42 @@ class Writer(Generic[H]):
 
 async def _nothing_to_flush() -> None:
     """The flush of a session with nothing admitted: there is nothing to make durable."""
+
+
+def check_seed(
+    session_id: str, seed: Sequence[SessionEvent], stored: Sequence[SessionEvent], where: str
+) -> None:
+    """Refuse a live session whose *seed* is not the log *stored* for its id, or a prefix of
+    it extended by the seed: the first differing seq is named.
+
+    :raises SeedMismatchError: if they differ.
+    """
+    for seq, (ours, theirs) in enumerate(zip(seed, stored, strict=False)):
+        if ours.encode() != theirs.encode():
+            raise SeedMismatchError(
+                f"session {session_id!r}: its seed differs from the log stored at {where} at "
+                f"seq {seq}: the seed has {ours.type!r} where the log has {theirs.type!r}; "
+                "nothing was written",
+                seq,
+            )
+    if len(stored) > len(seed):
+        raise SeedMismatchError(
+            f"session {session_id!r}: its seed ends at seq {len(seed)}, but the log stored at "
+            f"{where} goes on to seq {len(stored) - 1} ({stored[len(seed)].type!r} at seq "
+            f"{len(seed)}); nothing was written",
+            len(seed),
+        )
+
+
+def header_of(session: SessionLogLike) -> SessionHeader | None:
+    """The header of a new log of *session*, from its metadata (``session.meta``), if it has
+    any."""
+    meta = getattr(session, "meta", None)
+    if not isinstance(meta, SessionMeta):
+        return None
+    if meta.created_at is None:  # the first event's time: known when it is written
+        return None
+    return SessionHeader.of(session.id, meta, meta.created_at)
 
 
 def check_batch(session_id: str, count: int, batch: Sequence[SessionEvent], where: str) -> None:
@@ -216,6 +263,7 @@ class WriteBehind(ABC, Generic[H]):
         self._writers: dict[str, Writer[H]] = {}
         self._task_group: TaskGroup | None = None
         self._batches = 0
+        self._created: dict[str, SessionHeader] = {}  # created here, not yet written
 
     # -- plugin hooks ---------------------------------------------------------------------------
 
@@ -231,12 +279,29 @@ class WriteBehind(ABC, Generic[H]):
 
     @hookimpl
     def session_attach(self, session: SessionLogLike) -> None:
-        """Know *session* as live: a load never repairs its log, even before it appends."""
+        """Know *session* as live: a load never repairs its log, even before it appends.
+
+        This is the original harness's ``session/created``: the session's metadata is kept
+        for its log's header, and the events it was created with (a seed) are to be stored
+        once, before its own. Hearing of the same session again changes nothing.
+        """
         writer = self._writers.get(session.id)
         if writer is None:
-            self._writers[session.id] = Writer(session)
+            writer = self._writers[session.id] = Writer(session)
+        elif writer.session is session:
+            return  # announced again: initialized already
         else:
             writer.session = session  # a session live again under the same id goes on
+            if writer.pending or writer.busy or writer.log is not None:
+                return
+        created = self._created.pop(session.id, None)
+        writer.header = created if created is not None else header_of(session)
+        events = session.events
+        first: object = getattr(session, "first_live_seq", None)
+        count = first if type(first) is int and 0 <= first <= len(events) else len(events)
+        if count and not getattr(session, "seed_stored", False):
+            writer.seed = (events, count)
+            self._open_window(writer)  # the seed is written in the background, as events are
 
     @hookimpl
     def session_event(self, session: SessionLogLike, event: SessionEvent) -> None:
@@ -260,7 +325,7 @@ class WriteBehind(ABC, Generic[H]):
         writer = self._writers.get(session.id)
         if writer is None or writer.session is not session:
             return
-        if not (writer.pending or writer.busy):
+        if not (writer.pending or writer.busy or writer.seed is not None):
             self._forget(writer)
         elif self._task_group is not None:  # else the backend is closing, and drains it
             self._task_group.start_soon(self._retire, writer, session)
@@ -271,7 +336,9 @@ class WriteBehind(ABC, Generic[H]):
         (so ``host.sessions.flush`` reports success): with nothing admitted, everything is
         durable already, and the thunk returns at once."""
         writer = self._writers.get(session.id)
-        if writer is None or not (writer.pending or writer.log is not None or writer.busy):
+        if writer is None or not (
+            writer.pending or writer.log is not None or writer.busy or writer.seed is not None
+        ):
             return _nothing_to_flush  # known live, and nothing admitted: durable already
         return lambda: self._flush(writer)
 
@@ -286,10 +353,14 @@ class WriteBehind(ABC, Generic[H]):
         """Read a stored log and the repair recovery would add, changing nothing."""
 
     @abstractmethod
-    def _ready(self, session_id: str, log: H | None, expected: int) -> H:
+    def _ready(
+        self, session_id: str, log: H | None, expected: int, header: SessionHeader | None
+    ) -> H:
         """Get the session's handle ready for a write (blocking): its durable count known.
 
-        *expected* is how many events the live session holds before the batch to be written.
+        *expected* is how many events the live session holds before the batch to be written;
+        *header* is the header a log created now gets (``None``: one made of the first
+        event's time).
         """
 
     @abstractmethod
@@ -321,6 +392,31 @@ class WriteBehind(ABC, Generic[H]):
 
     def _after_write(self, writer: Writer[H]) -> None:
         """Called on the loop's thread after a write of *writer*, whether it succeeded or not."""
+
+    async def create(self, session_id: str, meta: SessionMeta | None = None) -> SessionHeader:
+        """Create the session *session_id*: its header is kept, its durable cursor is 0, and
+        nothing is written until its first events are (by the live session that takes the id,
+        or by :meth:`write_log`), so that it is not listed until then.
+
+        :param meta: The creation metadata; the creation time is now unless it gives one.
+        :return: The header its log will have.
+        :raises SessionExistsError: if the id has a stored log, or was created here already,
+            or is live here.
+        """
+        check_session_id(session_id)
+        meta = SessionMeta() if meta is None else meta
+        if not isinstance(meta, SessionMeta):
+            raise TypeError(f"meta must be a SessionMeta, not {meta!r}")
+        if session_id in self._created or session_id in self._writers:
+            raise SessionExistsError(f"session {session_id!r} already exists in {self.name}")
+        if await run_in_worker(partial(self.session_exists, session_id)):
+            raise SessionExistsError(
+                f"session {session_id!r} already has a log in {self.name}: continue it with "
+                f"'await host.sessions.resume({session_id!r})'"
+            )
+        header = SessionHeader.of(session_id, meta, time.time_ns() // 1_000_000)
+        self._created[session_id] = header
+        return header
 
     # -- flushing -------------------------------------------------------------------------------
 
@@ -354,7 +450,8 @@ class WriteBehind(ABC, Generic[H]):
         while draining := [
             writer
             for writer in self._writers.values()
-            if (writer.pending or writer.lane.locked()) and writer.session_id not in failures
+            if (writer.pending or writer.lane.locked() or writer.seed is not None)
+            and writer.session_id not in failures
         ]:
             for writer in draining:
                 try:
@@ -382,7 +479,7 @@ class WriteBehind(ABC, Generic[H]):
             return
         async with writer.lane:
             # Unless the id became live again meanwhile, with a new session that goes on.
-            if writer.session is session and not writer.pending:
+            if writer.session is session and not (writer.pending or writer.seed is not None):
                 self._forget(writer)
 
     def _forget(self, writer: Writer[H]) -> None:
@@ -419,7 +516,7 @@ class WriteBehind(ABC, Generic[H]):
                 await checkpoint_if_cancelled()
                 return
             # Its leader was cancelled before the queue was empty: lead the next drain.
-        if not writer.lane.locked():
+        if not writer.lane.locked() and writer.seed is None:
             if writer.pending and self._may_write_inline(writer):
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield. Nor a scheduler round after it (which costs a sixth of a small
@@ -445,8 +542,9 @@ class WriteBehind(ABC, Generic[H]):
                 await writer.lane.acquire()
                 try:
                     await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
-                    while writer.pending:
-                        await self._write_pending(writer, inline=self._may_write_inline(writer))
+                    while writer.pending or writer.seed is not None:
+                        inline = writer.seed is None and self._may_write_inline(writer)
+                        await self._write_pending(writer, inline=inline)
                     barrier.drained = True
                     writer.barrier = None  # in the same step that saw the queue empty
                 finally:
@@ -520,6 +618,10 @@ class WriteBehind(ABC, Generic[H]):
         after it, with the batch durable.
         """
         if not inline:
+            if writer.seed is not None:
+                await self._settle_seed(writer)
+                if not writer.pending:
+                    return
             await self._make_room(writer)  # may wait: the caller holds the lane, shielded
         batch, writer.pending = writer.pending, []
         writer.window.close()
@@ -550,6 +652,27 @@ class WriteBehind(ABC, Generic[H]):
                 writer.pending[:0] = batch
             self._after_write(writer)
 
+    async def _settle_seed(self, writer: Writer[H]) -> None:
+        """Queue what the store lacks of *writer*'s seed, ahead of its events.
+
+        The seed of a session whose id has no log is queued whole (a fork's seed, and its
+        ``session/end-seed``); a seed of a stored session must be that log (or the log a
+        prefix of it), and only what follows the stored events is queued.
+
+        :raises SeedMismatchError: if the seed differs from the stored log; it stays
+            unsettled, so every later flush fails alike, and nothing is written.
+        """
+        assert writer.seed is not None
+        events, count = writer.seed
+        stored = 0
+        if await run_in_worker(partial(self.session_exists, writer.session_id)):
+            log = await self.inspect(writer.session_id)
+            seed = events[:count]
+            check_seed(writer.session_id, seed, log.events, log.location)
+            stored = len(log.events)
+        writer.pending[:0] = events[stored:count]
+        writer.seed = None
+
     def _write_batch(self, writer: Writer[H], batch: Sequence[SessionEvent]) -> None:
         """Check *batch* against the durable cursor and make it durable (blocking).
 
@@ -557,7 +680,9 @@ class WriteBehind(ABC, Generic[H]):
         """
         start = time.perf_counter()
         try:
-            log = writer.log = self._ready(writer.session_id, writer.log, batch[0].seq)
+            log = writer.log = self._ready(
+                writer.session_id, writer.log, batch[0].seq, writer.header
+            )
             check_batch(writer.session_id, log.count, batch, self._location(log))
             self._append(log, writer.session_id, batch)
             log.count += len(batch)
@@ -565,7 +690,12 @@ class WriteBehind(ABC, Generic[H]):
             took = time.perf_counter() - start
             writer.write_seconds = max(took, writer.write_seconds * 0.875)
 
-    async def write_log(self, session_id: str, events: Sequence[SessionEvent]) -> None:
+    async def write_log(
+        self,
+        session_id: str,
+        events: Sequence[SessionEvent],
+        header: SessionHeader | None = None,
+    ) -> None:
         """Store *events*, a whole log from seq 0, as the new session *session_id*: all of it,
         or nothing.
 
@@ -578,9 +708,12 @@ class WriteBehind(ABC, Generic[H]):
         """
         if session_id in self._writers:
             raise LiveSessionError(f"cannot write session {session_id!r} whole: it is live here")
-        writer: Writer[H] = Writer(_WholeLog(session_id, events))
+        if header is None:
+            header = self._created.get(session_id)
+        writer: Writer[H] = Writer(_WholeLog(session_id, events), header)
         try:
             await run_in_worker(partial(self._write_batch, writer, events))
+            self._created.pop(session_id, None)
         finally:
             if writer.log is not None:
                 self._release(writer.log)
@@ -607,7 +740,7 @@ class WriteBehind(ABC, Generic[H]):
                 if log is not None:
                     # Copies: a reader changing what it loaded changes neither the live
                     # session nor what it will write.
-                    header = SessionHeader(session_id, events[0].time)
+                    header = writer.header or SessionHeader(session_id, events[0].time)
                     loaded = tuple(event.copy() for event in events)
                     return StoredLog(header, loaded, (), 0, self._location(log))
                 # Live, and nothing written here yet: its log is what is stored, and a log

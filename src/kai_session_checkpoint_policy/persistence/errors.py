@@ -23,6 +23,7 @@ __all__ = [
     "PersistenceError",
     "RecoveryRequiredError",
     "RollbackError",
+    "SeedMismatchError",
     "SeqMismatchError",
     "SessionLockedError",
     "SessionNotFoundError",
@@ -149,6 +150,18 @@ class NotARegularFileError(PersistenceError):
 
 class SeqMismatchError(PersistenceError):
     """A batch does not continue the durable log exactly; nothing was written."""
+
+
+class SeedMismatchError(PersistenceError):
+    """A live session's seed is not the log stored for its id; nothing was written.
+
+    ``seq`` is the first seq at which they differ: an event that differs, or one that only
+    the stored log or only the seed has.
+    """
+
+    def __init__(self, message: str, seq: int) -> None:
+        super().__init__(message)
+        self.seq = seq
 
 
 class SessionLockedError(PersistenceError):

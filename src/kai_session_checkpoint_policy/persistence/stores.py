@@ -9,12 +9,14 @@ for a PostgreSQL URL.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..contract import SessionExistsError
 from .core import DEFAULT_BATCH_WINDOW
 from .jsonl.backend import JsonlSessionPersistence
+from .values import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from .postgres.backend import PostgresSessionPersistence
@@ -93,12 +95,14 @@ async def copy_session(source: Store, target: Store, session_id: str) -> StoredL
 
     The recovery is the source's ``load`` (a session another host or process writes is
     refused as locked, and an interrupted turn is closed there first), so both stores then
-    hold the same events. The log is written as one batch: all of it, or nothing.
+    hold the same events, and the same header metadata (working directory, parent, delegation
+    depth, seed length, creation time). The log is written as one batch: all of it, or nothing.
 
     :raises SessionExistsError: if *target* holds the session already; nothing is written.
     """
     if target.session_exists(session_id):
         raise SessionExistsError(f"session {session_id!r} already exists in the target store")
     log = await source.load(session_id)
-    await target.write_log(session_id, log.events)
+    header = replace(log.header, version=FORMAT_VERSION, earlier_format=False)
+    await target.write_log(session_id, log.events, header)
     return log

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..events import SessionEvent
+    from ..meta import SessionMeta
     from .errors import PersistenceError
 
 __all__ = [
@@ -54,6 +55,39 @@ class SessionHeader:
     origin: str | None = None
     agent_preset: str | None = None
     earlier_format: bool = False
+
+    @classmethod
+    def of(cls, session_id: str, meta: SessionMeta, created_at: int) -> SessionHeader:
+        """The header of a new session *session_id* created with *meta*; *created_at* is the
+        creation time when *meta* names none."""
+        return cls(
+            session_id,
+            created_at if meta.created_at is None else meta.created_at,
+            cwd=meta.cwd,
+            delegation_depth=meta.delegation_depth,
+            parent_session=meta.parent_session,
+            seed_length=meta.seed_length,
+            origin=meta.origin,
+            agent_preset=meta.agent_preset,
+        )
+
+    def fields(self) -> dict[str, str | int]:
+        """The metadata fields beyond id, version and creation time, named and ordered as the
+        original harness's header names them (``delegationDepth`` always, the others when
+        set)."""
+        fields: dict[str, str | int] = {}
+        for key, value in (
+            ("cwd", self.cwd),
+            ("parentSession", self.parent_session),
+            ("seedLength", self.seed_length),
+            ("origin", self.origin),
+        ):
+            if value is not None:
+                fields[key] = value
+        fields["delegationDepth"] = self.delegation_depth
+        if self.agent_preset is not None:
+            fields["agentPreset"] = self.agent_preset
+        return fields
 
 
 @final

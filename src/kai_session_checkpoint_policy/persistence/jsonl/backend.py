@@ -147,10 +147,11 @@ class _Log:
     opened again, and checked, by its next write.
     """
 
-    __slots__ = ("count", "fd", "lock_fd", "path", "size", "suspect")
+    __slots__ = ("count", "fd", "header", "lock_fd", "path", "size", "suspect")
 
-    def __init__(self, path: Path, lock_fd: int) -> None:
+    def __init__(self, path: Path, lock_fd: int, header: SessionHeader | None = None) -> None:
         self.path = path
+        self.header = header  # of the log this handle creates, if it creates it
         self.lock_fd: int | None = lock_fd
         self.fd: int | None = None  # None until the file exists, and while the files are closed
         self.size = 0  # committed bytes
@@ -516,9 +517,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         if room is not None:
             room.set()
 
-    def _ready(self, session_id: str, log: _Log | None, expected: int) -> _Log:
+    def _ready(
+        self, session_id: str, log: _Log | None, expected: int, header: SessionHeader | None
+    ) -> _Log:
         if log is None:
-            return self._open_for_writing(session_id, expected)
+            return self._open_for_writing(session_id, expected, header)
         if log.lock_fd is None:
             self._reopen(log, session_id)
         elif log.suspect:
@@ -535,7 +538,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         compression = log.compression
         data = self._encode(batch, compression)
         if log.size == 0:  # the file does not exist yet
-            header = _header_bytes(SessionHeader(session_id, batch[0].time), compression)
+            header = _header_bytes(
+                log.header or SessionHeader(session_id, batch[0].time), compression
+            )
             try:
                 self.files.publish(log.path, header + data)
             except BaseException:
@@ -563,7 +568,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             raise
         log.size += len(data)
 
-    def _open_for_writing(self, session_id: str, expected: int) -> _Log:
+    def _open_for_writing(
+        self, session_id: str, expected: int, header: SessionHeader | None
+    ) -> _Log:
         held = self._take_held(session_id)
         if held is not None:  # locked since its recovery: as the recovery left it
             with self._recovered_lock:
@@ -575,14 +582,15 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 f"session {session_id!r} has a log in this project's earlier format at "
                 f"{found.path}; load it with recovery first, which converts it"
             )
-        if found is None:
+        if found is None:  # in the project directory of its working directory
             self._check_root_encoding()
-            directory = self._session_directory(NO_CWD, session_id)
+            project = project_directory(None if header is None else header.cwd)
+            directory = self._session_directory(project, session_id)
             path = directory / ZSTD_LOG_NAME if self.compression == "zstd" else directory / LOG_NAME
         else:
             path = found.path
         self.files.makedirs(path.parent)
-        log = _Log(path, self._lock(session_id, path.parent))
+        log = _Log(path, self._lock(session_id, path.parent), header)
         try:
             if found is not None and not self._adopt(log, session_id):
                 self._verify(log, session_id, expected)

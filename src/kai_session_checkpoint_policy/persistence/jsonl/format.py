@@ -159,18 +159,8 @@ def encode_header(header: SessionHeader) -> bytes:
         "version": header.version,
         "id": header.id,
         "createdAt": header.created_at,
+        **header.fields(),
     }
-    for key, value in (
-        ("cwd", header.cwd),
-        ("parentSession", header.parent_session),
-        ("seedLength", header.seed_length),
-        ("origin", header.origin),
-    ):
-        if value is not None:
-            line[key] = value
-    line["delegationDepth"] = header.delegation_depth
-    if header.agent_preset is not None:
-        line["agentPreset"] = header.agent_preset
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 

@@ -118,10 +118,13 @@ class PostgresStatistics(PersistenceStatistics):
 class _Lease:
     """The state of one session written here: its lease, and the durable count."""
 
-    __slots__ = ("count", "lease", "lost", "valid_until")
+    __slots__ = ("count", "header", "lease", "lost", "valid_until")
 
-    def __init__(self, lease: Lease, count: int, valid_until: float) -> None:
+    def __init__(
+        self, lease: Lease, count: int, valid_until: float, header: SessionHeader | None = None
+    ) -> None:
         self.lease = lease
+        self.header = header  # of the session, if its first batch is written with this lease
         self.count = count  # durable events: the seq the next event must have
         self.lost: LeaseLostError | None = None  # set once the lease is known taken over
         self.valid_until = valid_until  # monotonic time before which the lease surely holds
@@ -296,13 +299,15 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _ready(self, session_id: str, log: _Lease | None, expected: int) -> _Lease:
+    def _ready(
+        self, session_id: str, log: _Lease | None, expected: int, header: SessionHeader | None
+    ) -> _Lease:
         if log is None:
             check_storable_id(session_id)  # before the migration: no statement for such an id
             store = self._writable()
             asked = time.monotonic()
             lease = store.acquire(session_id, self.owner, self.lease_ttl)
-            return _Lease(lease, store.count(session_id), asked + lease.ttl)
+            return _Lease(lease, store.count(session_id), asked + lease.ttl, header)
         if log.lost is not None:
             raise LeaseLostError(str(log.lost))
         return log
@@ -310,7 +315,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
     def _append(self, log: _Lease, session_id: str, batch: Sequence[SessionEvent]) -> None:
         store = self._writable()
         try:
-            self._group.append(store, Batch(log.lease, log.count, batch))
+            self._group.append(store, Batch(log.lease, log.count, batch, log.header))
         except LeaseLostError as refused:
             # Expired with nobody taking it over (the database was down, or this process
             # paused), the lease is renewed at its epoch and the batch goes on; taken over,
@@ -318,7 +323,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             if not self._renew(log):
                 log.lost = refused
                 raise
-            self._group.append(store, Batch(log.lease, log.count, batch))
+            self._group.append(store, Batch(log.lease, log.count, batch, log.header))
 
     def _renew(self, log: _Lease) -> bool:
         """Renew *log*'s lease (blocking); whether it was still this backend's to renew."""

@@ -3,7 +3,7 @@
 Tables, in a schema of the store's own (``kai_sessions`` unless configured)::
 
     schema_version(version integer primary key, applied_at timestamptz)
-    sessions(session_id text primary key, created_at bigint, version integer)
+    sessions(session_id text primary key, created_at bigint, version integer, meta text)
     events(session_id text references sessions, seq bigint, type text, time bigint,
            record text, primary key (session_id, seq))
     leases(session_id text primary key, owner text, epoch bigint, expires_at timestamptz)
@@ -12,7 +12,10 @@ Tables, in a schema of the store's own (``kai_sessions`` unless configured)::
 :meth:`SessionEvent.encode() <kai_session_checkpoint_policy.SessionEvent.encode>` line, never a
 packed row), stored as text so that it reads back byte for byte; ``type`` and ``time`` repeat two
 of its fields for queries. A session's header is its ``sessions`` row, created with its first
-batch. Statements name the schema as ``{schema}``, filled in by the store.
+batch; ``meta`` holds the header's other fields (``cwd``, ``parentSession``, ``seedLength``,
+``origin``, ``delegationDepth``, ``agentPreset``) as the JSON object a JSONL header has them in,
+or ``NULL`` for a row written before the column was added. Statements name the schema as
+``{schema}``, filled in by the store.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             expires_at timestamptz NOT NULL
         )""",
     ),
+    (  # 2: the header's metadata
+        "ALTER TABLE {schema}.sessions ADD COLUMN meta text",
+    ),
 )
 """Each entry takes the schema from the version before it to the next; never edit one."""
 
@@ -69,8 +75,8 @@ SCHEMA_VERSION: Final = len(MIGRATIONS)
 APPEND_AT_ONCE: Final = """
     WITH batch AS (
         SELECT * FROM unnest(%(sessions)b::text[], %(owners)b::text[], %(epochs)b::bigint[],
-                             %(expected)b::bigint[], %(created)b::bigint[])
-            AS batch(session_id, owner, epoch, expected, created_at)
+                             %(expected)b::bigint[], %(created)b::bigint[], %(metas)b::text[])
+            AS batch(session_id, owner, epoch, expected, created_at, meta)
     ), held AS (
         SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
         WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
@@ -82,8 +88,8 @@ APPEND_AT_ONCE: Final = """
         WHERE batch.expected = coalesce(
             (SELECT max(seq) + 1 FROM {schema}.events WHERE session_id = batch.session_id), 0)
     ), new_sessions AS (
-        INSERT INTO {schema}.sessions (session_id, created_at, version)
-        SELECT session_id, created_at, %(version)s FROM ready WHERE expected = 0
+        INSERT INTO {schema}.sessions (session_id, created_at, version, meta)
+        SELECT session_id, created_at, %(version)s, meta FROM ready WHERE expected = 0
     ), written AS (
         INSERT INTO {schema}.events (session_id, seq, type, time, record)
         SELECT * FROM unnest(%(row_sessions)b::text[], %(seqs)b::bigint[], %(types)b::text[],

@@ -43,6 +43,7 @@ time, so a long log is never held twice in memory.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
@@ -50,7 +51,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -171,6 +172,19 @@ class Batch:
     expected_count: int
     """How many events the stored log must hold before these."""
     events: Sequence[SessionEvent]
+    header: SessionHeader | None = None
+    """The header of the session if this batch starts its log (``None``: one made of the
+    first event's time)."""
+
+    @property
+    def created_at(self) -> int:
+        return self.events[0].time if self.header is None else self.header.created_at
+
+    @property
+    def meta(self) -> str:
+        """The header's metadata fields, as the ``meta`` column holds them."""
+        fields = {"delegationDepth": 0} if self.header is None else self.header.fields()
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -804,27 +818,28 @@ class PostgresSessionStore:
                 ).fetchall()
             )
             written: list[int] = []
-            new_sessions: list[tuple[str, int]] = []
+            new_sessions: list[tuple[str, int, str]] = []
             rows_to_insert: list[tuple[str, SessionEvent, str]] = []
             for batch, lines in zip(batches, records, strict=True):
                 session_id = batch.lease.session_id
                 stored = counts.get(session_id, 0)
                 already = self._already_stored(connection, batch, lines, stored)
                 if stored == 0:  # the batch starts the log: its header is created with it
-                    new_sessions.append((session_id, batch.events[0].time))
+                    new_sessions.append((session_id, batch.created_at, batch.meta))
                 pending = list(zip(batch.events, lines, strict=True))[already:]
                 rows_to_insert += [(session_id, event, line) for event, line in pending]
                 written.append(len(pending))
             if new_sessions:
                 connection.execute(
                     self._sql(
-                        """INSERT INTO {schema}.sessions (session_id, created_at, version)
-                           SELECT *, %s FROM unnest(%s::text[], %s::bigint[])"""
+                        """INSERT INTO {schema}.sessions (session_id, created_at, meta, version)
+                           SELECT *, %s FROM unnest(%s::text[], %s::bigint[], %s::text[])"""
                     ),
                     (
                         FORMAT_VERSION,
-                        [session for session, _ in new_sessions],
-                        [created_at for _, created_at in new_sessions],
+                        [row[0] for row in new_sessions],
+                        [row[1] for row in new_sessions],
+                        [row[2] for row in new_sessions],
                     ),
                 )
             if rows_to_insert:
@@ -872,7 +887,8 @@ class PostgresSessionStore:
                     "owners": [batch.lease.owner for batch in batches],
                     "epochs": [batch.lease.epoch for batch in batches],
                     "expected": [batch.expected_count for batch in batches],
-                    "created": [batch.events[0].time for batch in batches],
+                    "created": [batch.created_at for batch in batches],
+                    "metas": [batch.meta for batch in batches],
                     "version": FORMAT_VERSION,
                     "count": len(batches),
                     "row_sessions": [row[0] for row in rows],
@@ -1010,7 +1026,8 @@ class PostgresSessionStore:
             if not self._no_schema(connection):
                 row = connection.execute(
                     self._sql(
-                        "SELECT created_at, version FROM {schema}.sessions WHERE session_id = %s"
+                        """SELECT created_at, version, meta FROM {schema}.sessions
+                           WHERE session_id = %s"""
                     ),
                     (session_id,),
                 ).fetchone()
@@ -1026,7 +1043,8 @@ class PostgresSessionStore:
                     ),
                     (session_id,),
                 )
-                return consume(SessionHeader(session_id, row[0], row[1]), _first_column(cursor))
+                header = _header(session_id, *row)
+                return consume(header, _first_column(cursor))
 
         return self._run(f"reading session {session_id!r}", read)
 
@@ -1111,13 +1129,30 @@ class PostgresSessionStore:
                 return []
             rows = connection.execute(
                 self._sql(
-                    """SELECT session_id, created_at, version FROM {schema}.sessions
+                    """SELECT session_id, created_at, version, meta FROM {schema}.sessions
                        ORDER BY created_at, session_id"""
                 )
             ).fetchall()
-            return [SessionHeader(*row) for row in rows]
+            return [_header(*row) for row in rows]
 
         return self._run("listing sessions", list_sessions, single=True)
+
+
+def _header(session_id: str, created_at: int, version: int, meta: str | None) -> SessionHeader:
+    """The header a ``sessions`` row holds (a row without ``meta`` has none of its fields)."""
+    fields: dict[str, object] = {} if meta is None else json.loads(meta)
+    depth = fields.get("delegationDepth", 0)
+    return SessionHeader(
+        session_id,
+        created_at,
+        version,
+        cwd=cast("str | None", fields.get("cwd")),
+        delegation_depth=depth if type(depth) is int else 0,
+        parent_session=cast("str | None", fields.get("parentSession")),
+        seed_length=cast("int | None", fields.get("seedLength")),
+        origin=cast("str | None", fields.get("origin")),
+        agent_preset=cast("str | None", fields.get("agentPreset")),
+    )
 
 
 def _first_column(rows: Iterable[tuple[object, ...]]) -> Iterator[str]:
