@@ -3,6 +3,7 @@ SDK's in-memory span exporter and metric reader; and nothing of it when it is no
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -338,3 +339,14 @@ def test_without_the_plugin_nothing_of_opentelemetry_is_imported_or_called(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert run.stdout == "[]\n"
+
+
+def test_the_example_on_the_observability_page_prints_what_the_page_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    main = runpy.run_path(str(docs / "examples" / "telemetry.py"))["main"]
+    anyio.run(main, str(tmp_path), InMemorySpanExporter())
+    page = (docs / "observability.md").read_text()
+    (shown,) = [block.split("```")[0] for block in page.split("```text\n")[1:]]
+    assert capsys.readouterr().out == shown
