@@ -30,7 +30,7 @@ from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
 from ._support import summarize
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Callable
     from pathlib import Path
 
     from kai_session_checkpoint_policy import JSON, StreamChunk
@@ -68,8 +68,9 @@ def _host(root: Path, *plugins: object) -> Host:
     return host
 
 
-def _plugins() -> dict[str, tuple[object, ...]]:
-    """The hosts' plugins beside the backend and the policy, by the name of their figure."""
+def _plugins(spans: list[Callable[[], int]]) -> dict[str, tuple[object, ...]]:
+    """The hosts' plugins beside the backend and the policy, by the name of their figure; with
+    an SDK, a way to count the spans it kept is appended to *spans*."""
     from kai_session_checkpoint_policy.telemetry import CheckpointTelemetry
 
     hosts: dict[str, tuple[object, ...]] = {
@@ -83,8 +84,10 @@ def _plugins() -> dict[str, tuple[object, ...]]:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+        exporter = InMemorySpanExporter()
+        spans.append(lambda: len(exporter.get_finished_spans()))
         tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
         hosts["sdk_in_memory"] = (
             CheckpointTelemetry(tracer_provider=tracer_provider, meter_provider=meter_provider),
@@ -109,7 +112,8 @@ async def telemetry_overhead(root: Path, baseline: Baseline, plan: Plan) -> dict
     """CPU per step without the plugin, with it on the API alone, and with an in-memory SDK."""
     if importlib.util.find_spec("opentelemetry") is None:
         return {"skipped": "the OpenTelemetry API is not installed (the 'otel' extra)"}
-    hosts = {name: _host(root / name, *plugins) for name, plugins in _plugins().items()}
+    spans: list[Callable[[], int]] = []
+    hosts = {name: _host(root / name, *plugins) for name, plugins in _plugins(spans).items()}
     spent: dict[str, list[int]] = {name: [] for name in hosts}
     for host in hosts.values():
         await host.__aenter__()
@@ -134,6 +138,8 @@ async def telemetry_overhead(root: Path, baseline: Baseline, plan: Plan) -> dict
         "steps_per_turn": STEPS_PER_TURN,
         "checkpoints_per_turn": 5,
     }
+    for count in spans:  # the warm-up turn's spans too
+        figures["sdk_spans_per_turn"] = count() / (len(spent["sdk_in_memory"]) + 1)
     for name, summary in per_step.items():
         figures[f"cpu_per_step_{name}_us"] = summary.to_json()
         if name != "without":
