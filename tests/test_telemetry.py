@@ -350,3 +350,21 @@ def test_the_example_on_the_observability_page_prints_what_the_page_shows(
     page = (docs / "observability.md").read_text()
     (shown,) = [block.split("```")[0] for block in page.split("```text\n")[1:]]
     assert capsys.readouterr().out == shown
+
+
+async def test_the_backend_is_observed_only_while_the_plugin_is_registered(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    backend = JsonlSessionPersistence(tmp_path)
+    async with Host([backend, policy], autoload=False) as host:
+        observers = [backend.observer]
+        host.register(telemetry.plugin)  # on an open host: configured at once
+        observers.append(backend.observer)
+        host.unregister(telemetry.plugin)
+        observers.append(backend.observer)
+        assert observers == [None, telemetry.plugin, None]
+        session = host.sessions.create("unobserved")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+    assert telemetry.spans() == []
+    assert telemetry.points("kai.persistence.batch.size") == {}

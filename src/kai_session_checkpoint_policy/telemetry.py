@@ -190,6 +190,7 @@ class CheckpointTelemetry:
             description="How long loading a stored session with recovery took.",
         )
         self._cancelled = anyio.get_cancelled_exc_class
+        self._observed: dict[int, WriteBehind[Any]] = {}  # by host: the backend it observes
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
@@ -200,6 +201,7 @@ class CheckpointTelemetry:
         backend = host.session_persistence
         if isinstance(backend, WriteBehind) and backend.observer is None:
             backend.observer = self
+            self._observed[id(host)] = backend
 
     @hookimpl
     def host_configure(self, host: HostServices[Any]) -> None:
@@ -211,8 +213,8 @@ class CheckpointTelemetry:
 
     @hookimpl
     def host_unconfigure(self, host: HostServices[Any]) -> None:
-        backend = host.session_persistence
-        if isinstance(backend, WriteBehind) and backend.observer is self:
+        backend = self._observed.pop(id(host), None)
+        if backend is not None and backend.observer is self:
             backend.observer = None
 
     @hookimpl
