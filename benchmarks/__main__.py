@@ -23,7 +23,16 @@ from .scenarios import Plan, run_all
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-SCENARIOS = ("flush", "checkpoints", "stream", "policy", "resume", "recovery", "postgres")
+SCENARIOS = (
+    "flush",
+    "checkpoints",
+    "stream",
+    "policy",
+    "resume",
+    "telemetry",
+    "recovery",
+    "postgres",
+)
 BACKENDS = ("asyncio", "trio")
 
 FULL = Plan(rounds=20, per_round=50, stream_events=20_000, stream_runs=3, policy_turns=50)

@@ -485,6 +485,10 @@ async def run_all(root: Path, plan: Plan, scenarios: Sequence[str]) -> dict[str,
             results["policy"] = await policy_overhead(baseline, plan)
         if "resume" in scenarios:
             results["resume"] = await resume(root / "resume", baseline, plan)
+        if "telemetry" in scenarios:
+            from .telemetry import telemetry_overhead
+
+            results["telemetry"] = await telemetry_overhead(root / "telemetry", baseline, plan)
         summary: Summary = summarize(baseline.samples)
         results["baseline_us"] = summary.to_json()
     finally:

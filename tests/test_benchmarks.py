@@ -110,6 +110,18 @@ def test_the_policy_checkpoints_every_boundary(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_the_telemetry_scenario_measures_each_host(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    telemetry = _dig(quick_run[0], "backends", backend, "telemetry")
+    assert _number(telemetry, "turns") == 10
+    for host in ("without", "api_only", "sdk_in_memory"):
+        assert _number(telemetry, f"cpu_per_step_{host}_us", "median") > 0
+    assert _number(telemetry, "api_only_ratio") > 0
+    assert _number(telemetry, "sdk_spans_per_turn") == 5  # one per checkpoint
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_recovery_loads_every_event_and_repairs_the_open_turn(
     quick_run: tuple[dict[str, object], Path], backend: str
 ) -> None:

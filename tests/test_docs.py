@@ -145,6 +145,7 @@ def test_every_example_is_shown_and_run() -> None:
     tested = {"quickstart.py", "entry_points.py", "hooks.py", "recovery.py", "sample_log.py"}
     tested |= {"timeline.py", "test_host_fixtures.py", "postgres_host.py"}
     tested |= {"integration_openai_agents.py"}  # run by tests/integrations
+    tested |= {"telemetry.py"}  # run by tests/test_telemetry.py
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
 

@@ -20,9 +20,13 @@ that implements the contract can load it.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import pluggy
 
 from .cancellation import checkpoint_if_cancelled
 from .hookspecs import hookimpl
@@ -74,6 +78,16 @@ def _missing(host: HostServices[Any]) -> list[str]:
     return [service for service in inject if getattr(host, service, None) is None]
 
 
+def _application_level() -> int:
+    """The ``stacklevel`` of the application's line that opened the host (``async with
+    Host(...)``): the first caller outside this package and pluggy."""
+    inside = (os.path.dirname(__file__) + os.sep, os.path.dirname(pluggy.__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @hookimpl
 def host_declare_options() -> Mapping[str, str]:
     return {REQUIRE_OPTION: "refuse to open a host whose checkpoints cannot make anything durable"}
@@ -95,7 +109,7 @@ def host_opened(host: HostServices[Any]) -> None:
         f"{problem}; load a persistence backend (with the host option 'jsonl.root', for the "
         f"JSONL one), or set the host option {REQUIRE_OPTION!r} to make this an error",
         NoPersistenceWarning,
-        stacklevel=2,
+        stacklevel=_application_level(),
     )
 
 

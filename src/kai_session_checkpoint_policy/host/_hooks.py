@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
@@ -26,6 +27,27 @@ _PER_IMPLEMENTATION: Final = frozenset(
     {"session_flush", "session_event", "session_attach", "session_detach"}
 )
 """The hooks whose implementations the host calls one by one, so they take no wrappers."""
+
+
+def _log_listener_failure(message: str, *args: object) -> None:
+    """Log a listener's failure with its traceback (called in the ``except`` block).
+
+    When the application configured no handler at all, the package's ``NullHandler`` would
+    keep it silent: it goes to Python's last-resort handler (standard error) then, as it would
+    have without the package's handler.
+    """
+    logger.exception(message, *args)
+    resort = logging.lastResort
+    if resort is None or not logger.isEnabledFor(logging.ERROR):
+        return
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(handler, logging.NullHandler) for handler in current.handlers):
+            return  # the application listens
+        current = current.parent if current.propagate else None
+    resort.handle(
+        logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, args, sys.exc_info())
+    )
 
 
 class HostPluginManager(pluggy.PluginManager):
@@ -121,7 +143,7 @@ class HostHooks:
             try:
                 _call(impl, kwargs)
             except Exception:
-                logger.exception(
+                _log_listener_failure(
                     "session_event listener %r failed on seq %d of session %r",
                     impl.plugin_name,
                     event.seq,
@@ -138,7 +160,7 @@ class HostHooks:
             try:
                 _call(impl, kwargs)
             except Exception:
-                logger.exception(
+                _log_listener_failure(
                     "session_attach listener %r failed on session %r", impl.plugin_name, session.id
                 )
 
@@ -149,7 +171,7 @@ class HostHooks:
             try:
                 _call(impl, kwargs)
             except Exception:
-                logger.exception(
+                _log_listener_failure(
                     "session_detach listener %r failed on session %r", impl.plugin_name, session.id
                 )
 

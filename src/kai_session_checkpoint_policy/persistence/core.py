@@ -28,7 +28,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ..contract import PluginHost, SessionLogLike
     from ..events import SessionEvent
     from ..hookspecs import FlushThunk
+    from .observer import PersistenceObserver
 
 __all__ = [
     "DEFAULT_BATCH_WINDOW",
@@ -257,6 +258,11 @@ class WriteBehind(ABC, Generic[H]):
     """
 
     name: str
+    durable_unit: ClassVar[str] = "batches"
+    """What makes one batch durable, in the plural, as observers name it (``fsyncs``)."""
+    observer: PersistenceObserver | None = None
+    """Hears of every batch written, recovery and lease (:mod:`.observer`); ``None`` by
+    default, when the write path does nothing for it."""
 
     def __init__(self, *, batch_window: float = DEFAULT_BATCH_WINDOW) -> None:
         self.batch_window: Final = float(batch_window)
@@ -417,6 +423,10 @@ class WriteBehind(ABC, Generic[H]):
         header = SessionHeader.of(session_id, meta, time.time_ns() // 1_000_000)
         self._created[session_id] = header
         return header
+
+    def _stored_size(self, writer: Writer[H]) -> int | None:
+        """How many bytes *writer*'s stored log holds, if the backend knows (for observers)."""
+        return None
 
     # -- flushing -------------------------------------------------------------------------------
 
@@ -623,6 +633,12 @@ class WriteBehind(ABC, Generic[H]):
                 if not writer.pending:
                     return
             await self._make_room(writer)  # may wait: the caller holds the lane, shielded
+        observer = self.observer
+        failure: Exception | None = None
+        if observer is not None:
+            start, size = time.perf_counter(), self._stored_size(writer)
+            if size is None and writer.log is None and writer.pending[0].seq == 0:
+                size = 0  # a new session's log, not opened yet, holds nothing
         batch, writer.pending = writer.pending, []
         writer.window.close()
         self._before_write(writer)
@@ -638,6 +654,9 @@ class WriteBehind(ABC, Generic[H]):
                 write()
             else:
                 await run_in_worker(write)
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             if written:
                 self._batches += 1
@@ -651,6 +670,16 @@ class WriteBehind(ABC, Generic[H]):
             else:
                 writer.pending[:0] = batch
             self._after_write(writer)
+            if observer is not None:
+                grown = self._stored_size(writer)
+                observer.batch_written(
+                    self,
+                    writer.session_id,
+                    len(batch),
+                    None if grown is None or size is None else grown - size,
+                    time.perf_counter() - start,
+                    failure,
+                )
 
     async def _settle_seed(self, writer: Writer[H]) -> None:
         """Queue what the store lacks of *writer*'s seed, ahead of its events.
@@ -754,4 +783,14 @@ class WriteBehind(ABC, Generic[H]):
                 return stored
             # Detached while it was flushed: all it admitted is durable, and it is not live.
         # The repair is written once started, whatever cancels the caller meanwhile.
-        return await run_in_worker(partial(self._recover, session_id))
+        observer = self.observer
+        if observer is None:
+            return await run_in_worker(partial(self._recover, session_id))
+        started = time.time_ns()
+        try:
+            stored = await run_in_worker(partial(self._recover, session_id))
+        except Exception as exc:
+            observer.recovered(self, session_id, None, started, exc)
+            raise
+        observer.recovered(self, session_id, stored, started, None)
+        return stored

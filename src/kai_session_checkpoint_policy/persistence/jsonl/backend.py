@@ -213,6 +213,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
     """
 
     name: Final = "session-persistence-jsonl"
+    durable_unit = "fsyncs"  # a batch is one write and one fsync of the log
 
     def __init__(
         self,
@@ -510,6 +511,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         elif self._open.get(session_id) is writer:
             del self._open[session_id]
         self._wake()
+
+    def _stored_size(self, writer: Writer[_Log]) -> int | None:
+        log = writer.log
+        return None if log is None else log.size
 
     def _wake(self) -> None:
         """Wake the writes waiting for room to open their files."""

@@ -210,6 +210,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
     """
 
     name: Final = "session-persistence-postgres"
+    durable_unit = "transactions"  # a batch is one (maybe shared) transaction
 
     def __init__(
         self,
@@ -328,12 +329,17 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
     def _renew(self, log: _Lease) -> bool:
         """Renew *log*'s lease (blocking); whether it was still this backend's to renew."""
         asked = time.monotonic()
+        observer = self.observer
         try:
             log.lease = self._writable().renew(log.lease)
         except LeaseLostError as lost:
             log.lost = lost
+            if observer is not None:
+                observer.lease_lost(self, log.lease.session_id)
             return False
         log.valid_until = asked + log.lease.ttl
+        if observer is not None:
+            observer.leases_renewed(self, 1)
         return True
 
     def _location(self, log: _Lease) -> str:
@@ -408,14 +414,20 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         except PersistenceError as exc:
             logger.warning("could not renew %d session leases: %s", len(held), exc)
             return
+        observer, renewed = self.observer, 0
         for log, lease in outcomes:
             if isinstance(lease, LeaseLostError):
                 if log.lost is None:
                     log.lost = lease
                     logger.warning("%s", lease)
+                    if observer is not None:
+                        observer.lease_lost(self, log.lease.session_id)
                 self._held.pop(log, None)
             elif log.lost is None and lease.epoch == log.lease.epoch:
                 log.lease, log.valid_until = lease, asked + lease.ttl
+                renewed += 1
+        if observer is not None and renewed:
+            observer.leases_renewed(self, renewed)
 
     async def _release_leases(self) -> None:
         """Give up the leases of the sessions that were released, in one statement."""
