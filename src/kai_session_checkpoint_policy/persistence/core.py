@@ -417,7 +417,7 @@ class WriteBehind(ABC, Generic[H]):
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield. Nor a scheduler round after it (which costs a sixth of a small
                 # flush): what became ready meanwhile runs at the caller's next await.
-                await self._write_pending(writer, inline=True)  # never suspends
+                self._write_now(writer)
             if not writer.pending:
                 await checkpoint_if_cancelled()
                 return
@@ -512,10 +512,12 @@ class WriteBehind(ABC, Generic[H]):
         waited out even when the caller is cancelled meanwhile, and the cancellation is raised
         after it, with the batch durable.
         """
-        if not inline:
-            await self._make_room(writer)  # may wait: the caller holds the lane, shielded
+        if inline:
+            self._write_now(writer)
+            return
+        await self._make_room(writer)  # may wait: the caller holds the lane, shielded
         batch, writer.pending = writer.pending, []
-        writer.window.close()
+        writer.window.is_open = False
         self._before_write(writer)
         written = False
 
@@ -525,23 +527,39 @@ class WriteBehind(ABC, Generic[H]):
             written = True
 
         try:
-            if inline:
-                write()
-            else:
-                await run_in_worker(write)
+            await run_in_worker(write)
         finally:
+            # A cancellation met meanwhile is raised after the write, the batch durable.
             if written:
-                self._batches += 1
-                if writer.window.failures:
-                    logger.warning(
-                        "session %r written again after %d failed background writes",
-                        writer.session_id,
-                        writer.window.failures,
-                    )
-                    writer.window.failures = 0
+                self._written(writer)
             else:
                 writer.pending[:0] = batch
+                self._after_write(writer)
+
+    def _write_now(self, writer: Writer[H]) -> None:
+        """Write the whole queue as one batch on this thread (blocking: no other task runs)."""
+        batch, writer.pending = writer.pending, []
+        writer.window.is_open = False
+        self._before_write(writer)
+        try:
+            self._write_batch(writer, batch)
+        except BaseException:
+            writer.pending[:0] = batch
             self._after_write(writer)
+            raise
+        self._written(writer)
+
+    def _written(self, writer: Writer[H]) -> None:
+        """Count a batch of *writer* written, and end its write."""
+        self._batches += 1
+        if writer.window.failures:
+            logger.warning(
+                "session %r written again after %d failed background writes",
+                writer.session_id,
+                writer.window.failures,
+            )
+            writer.window.failures = 0
+        self._after_write(writer)
 
     def _write_batch(self, writer: Writer[H], batch: Sequence[SessionEvent]) -> None:
         """Check *batch* against the durable cursor and make it durable (blocking).
