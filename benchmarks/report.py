@@ -359,9 +359,11 @@ def table(results: Results) -> str:
 
 
 def _cost(cell: object) -> str:
+    server = _get(cell, "server_cpu_us")
     return (
         f"{_fmt(_get(cell, 'wall_us'), '.0f')} us wall ({_fmt(_get(cell, 'wall_ratio'), '.2f')}x), "
         f"{_fmt(_get(cell, 'cpu_us'), '.0f')} us CPU ({_fmt(_get(cell, 'cpu_ratio'), '.2f')}x)"
+        + ("" if server is None else f", server {_fmt(server, '.0f')} us CPU")
     )
 
 
@@ -387,6 +389,11 @@ def _steps_section(steps: object) -> list[str]:
                     f"  {store}, {name} (load {load}): {_cost(_get(cell, 'library'))}; raw pair "
                     f"{_fmt(_get(raw, 'wall_us'), '.0f')} us wall, "
                     f"{_fmt(_get(raw, 'cpu_us'), '.0f')} us CPU"
+                    + (
+                        ""
+                        if _get(raw, "server_cpu_us") is None
+                        else f", server {_fmt(_get(raw, 'server_cpu_us'), '.0f')} us CPU"
+                    )
                 )
             elif _get(cell, "graph") is not None:
                 versions = ", ".join(f"{k} {v}" for k, v in _items(_get(cell, "versions")))

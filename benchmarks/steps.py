@@ -115,30 +115,39 @@ class _Cost:
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.server: list[float] = []  # the database server's CPU, for PostgreSQL
 
     def add(self, wall: float, cpu: float, steps: int) -> None:
         self.wall.append(wall * 1e6 / steps)
         self.cpu.append(cpu * 1e6 / steps)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        figures: dict[str, object] = {
             "wall_us": round(statistics.median(self.wall), 1),
             "cpu_us": round(statistics.median(self.cpu), 1),
             "rounds": len(self.wall),
         }
+        if self.server:
+            figures["server_cpu_us"] = round(statistics.median(self.server), 1)
+        return figures
 
 
 class _Timer:
+    server: Callable[[], float] | None = None
+    """A reader of the database server's CPU seconds, while PostgreSQL figures are taken."""
+
     def __init__(self, cost: _Cost, steps: int) -> None:
         self._cost, self._steps = cost, steps
 
     def __enter__(self) -> None:
+        self._server = 0.0 if _Timer.server is None else _Timer.server()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def __exit__(self, *exc_info: object) -> None:
-        self._cost.add(
-            time.perf_counter() - self._wall, time.process_time() - self._cpu, self._steps
-        )
+        wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+        self._cost.add(wall, cpu, self._steps)
+        if _Timer.server is not None:
+            self._cost.server.append((_Timer.server() - self._server) * 1e6 / self._steps)
 
 
 def _ratios(figure: dict[str, object], baseline: dict[str, object]) -> dict[str, object]:
@@ -293,6 +302,29 @@ def _jsonl(directory: Path, plan: StepPlan, loops: Sequence[str]) -> dict[str, o
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
 
+def _server_cpu(data_directory: Path) -> Callable[[], float]:
+    """A reader of the CPU seconds the server's processes have used so far (Linux's
+    ``/proc``; 0 where it cannot be read): the postmaster and its children."""
+    try:
+        postmaster = int((data_directory / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return lambda: 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds() -> float:
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(stat.parent.name) == postmaster or int(fields[1]) == postmaster:
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+
+    return seconds
+
+
 def _insert_loop(dsn: str) -> Callable[[int, threading.Event], int]:
     import psycopg
 
@@ -315,15 +347,23 @@ def _postgres(plan: StepPlan, loops: Sequence[str]) -> dict[str, object]:
     problem = missing(binaries)
     if problem is not None:
         return {"skipped": f"the PostgreSQL figures need what is missing here: {problem}"}
+    assert binaries is not None
+    with PostgresServer.start_new(binaries) as server:
+        _Timer.server = _server_cpu(server.data)
+        try:
+            return _postgres_figures(server.dsn_for(server.create_database()), plan, loops)
+        finally:
+            _Timer.server = None
+
+
+def _postgres_figures(dsn: str, plan: StepPlan, loops: Sequence[str]) -> dict[str, object]:
     import psycopg
 
     from kai_session_checkpoint_policy.persistence import PostgresSessionPersistence
 
-    assert binaries is not None
     figures: dict[str, object] = {}
-    with PostgresServer.start_new(binaries) as server:
-        dsn = server.dsn_for(server.create_database())
-        connection = psycopg.connect(dsn, autocommit=True)
+    connection = psycopg.connect(dsn, autocommit=True)
+    try:
         connection.execute("CREATE TABLE kai_bench_rows (line text)")
         execute = connection.execute
 
@@ -368,6 +408,7 @@ def _postgres(plan: StepPlan, loops: Sequence[str]) -> dict[str, object]:
             "steps_per_s": round(rate, 1),
             "ratio_to_commit_pairs": round(rate / (commits / 2), 2) if commits else None,
         }
+    finally:
         connection.close()
     return figures
 

@@ -3,7 +3,11 @@
 The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
 (:mod:`..core`), as for JSONL; this module makes a batch durable in a database transaction and
 reads logs back, through the blocking store of :mod:`.store`, called from worker threads
-(:func:`~..workers.run_in_worker`, on asyncio and on trio alike).
+(:func:`~..workers.run_in_worker`, on asyncio and on trio alike). An awaited flush on asyncio
+commits on the event loop's own thread instead when no other task is ready to run, the lease
+has more than a renewal period left and the session's recent commits were quick
+(:data:`INLINE_WRITE_LIMIT`): handing one round trip to a thread and back costs more CPU than
+the commit's own client side, and a loop with nothing else to run loses nothing by waiting.
 
 **Leases.** A host writes a session only while it holds the session's lease: it takes the lease
 with the session's first write (learning the durable count), renews all of its leases in one
@@ -80,6 +84,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "INLINE_WRITE_LIMIT",
     "RENEWALS_PER_TTL",
     "PostgresSessionPersistence",
     "PostgresStatistics",
