@@ -280,12 +280,7 @@ def encode_events(
     return compress_frame(text) if text and compression == "zstd" else text
 
 
-_compressor: Final = zstd.ZstdCompressor(
-    options={
-        zstd.CompressionParameter.checksum_flag: 1,
-        zstd.CompressionParameter.content_size_flag: 0,
-    }
-)
+_compressor: Final = zstd.ZstdCompressor(options={zstd.CompressionParameter.checksum_flag: 1})
 _compressing: Final = threading.Lock()
 
 
@@ -295,12 +290,9 @@ def compress_frame(data: bytes) -> bytes:
 
     One compressor serves every thread, one frame at a time: a compressor's first frame costs
     far more than the next (it sets up its tables), so a thread's first write is not slower.
-    The frame is made in one call that ends it, so the compressor knows the size of the
-    input and sizes its tables to it: a small batch does not pay for clearing the tables a
-    large one needs.
     """
     with _compressing:
-        frame: bytes = _compressor.compress(data, zstd.ZstdCompressor.FLUSH_FRAME)
+        frame: bytes = _compressor.compress(data) + _compressor.flush()
     return frame
 
 
