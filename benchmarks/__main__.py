@@ -19,6 +19,7 @@ from .postgres import postgres_figures
 from .recovery import recovery
 from .report import evaluate, table
 from .scenarios import Plan, run_all
+from .steps import load_average, step_figures
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,6 +33,7 @@ SCENARIOS = (
     "telemetry",
     "recovery",
     "postgres",
+    "steps",
 )
 BACKENDS = ("asyncio", "trio")
 
@@ -98,20 +100,32 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     }
     started = time.perf_counter()
     reference = cpu_reference()
-    loop_scenarios = [name for name in scenarios if name not in ("recovery", "postgres")]
+    loads: dict[str, float] = {}
+    results["load_average"] = loads  # the one-minute load average as each part started
+    loop_scenarios = [name for name in scenarios if name not in ("recovery", "postgres", "steps")]
     if loop_scenarios:
         figures: dict[str, object] = {}
         for backend in backends:
             root = directory / backend
             root.mkdir()
+            loads[backend] = load_average()
             figures[backend] = anyio.run(run_all, root, plan, loop_scenarios, backend=backend)
         results["backends"] = figures
     events = args.events or (5_000 if args.quick else 1_000_000)
     runs = args.recovery_runs or (1 if args.quick else 3)
     if "recovery" in scenarios:
+        loads["recovery"] = load_average()
         results["recovery"] = recovery(directory / "recovery", events, runs, backends)
     if "postgres" in scenarios:
+        loads["postgres"] = load_average()
         results["postgres"] = postgres_figures(directory / "postgres", plan, backends, events, runs)
+    if "steps" in scenarios:
+        results["steps"] = step_figures(
+            directory / "steps",
+            quick=args.quick,
+            loops=backends,
+            memory_events=20_000 if args.quick else 1_000_000,
+        )
     results["cpu_reference_us"] = {"start": reference, "end": cpu_reference()}
     results["seconds"] = round(time.perf_counter() - started, 1)
     results["targets"] = evaluate(results)

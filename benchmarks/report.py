@@ -343,6 +343,10 @@ def table(results: Results) -> str:
                     f"ru_maxrss max {maxrss} MiB)"
                 )
     out += _postgres_section(results.get("postgres"))
+    out += _steps_section(results.get("steps"))
+    loads = ", ".join(f"{key} {value}" for key, value in _items(results.get("load_average")))
+    if loads:
+        out += ["", f"load average (1 min) as each part started: {loads}"]
     checked = results.get("targets")
     if isinstance(checked, list) and checked:
         rows = [
@@ -352,6 +356,69 @@ def table(results: Results) -> str:
         ]
         out += ["", "targets", "", _format(rows, ["loop", "target", "value", "limit", ""])]
     return "\n".join(out)
+
+
+def _cost(cell: object) -> str:
+    server = _get(cell, "server_cpu_us")
+    return (
+        f"{_fmt(_get(cell, 'wall_us'), '.0f')} us wall ({_fmt(_get(cell, 'wall_ratio'), '.2f')}x), "
+        f"{_fmt(_get(cell, 'cpu_us'), '.0f')} us CPU ({_fmt(_get(cell, 'cpu_ratio'), '.2f')}x)"
+        + ("" if server is None else f", server {_fmt(server, '.0f')} us CPU")
+    )
+
+
+def _steps_section(steps: object) -> list[str]:
+    """Per checkpointed step: the library, the raw pair, the peers, the rates, the memory."""
+    if not isinstance(steps, dict):
+        return []
+    out = ["", "one agent step (a response with a tool call durable, then its result)"]
+    for store in ("jsonl", "postgres"):
+        figures = steps.get(store)
+        if not isinstance(figures, dict):
+            continue
+        if "skipped" in figures:
+            out.append(f"  {store}: skipped: {figures['skipped']}")
+            continue
+        for name, cell in _items(figures):
+            load = _fmt(_get(cell, "load_average"), ".2f")
+            if "skipped" in _items_dict(cell):
+                out.append(f"  {store}, {name}: skipped: {_get(cell, 'skipped')}")
+            elif _get(cell, "library") is not None:
+                raw = _get(cell, "raw_pair")
+                out.append(
+                    f"  {store}, {name} (load {load}): {_cost(_get(cell, 'library'))}; raw pair "
+                    f"{_fmt(_get(raw, 'wall_us'), '.0f')} us wall, "
+                    f"{_fmt(_get(raw, 'cpu_us'), '.0f')} us CPU"
+                    + (
+                        ""
+                        if _get(raw, "server_cpu_us") is None
+                        else f", server {_fmt(_get(raw, 'server_cpu_us'), '.0f')} us CPU"
+                    )
+                )
+            elif _get(cell, "graph") is not None:
+                versions = ", ".join(f"{k} {v}" for k, v in _items(_get(cell, "versions")))
+                out.append(
+                    f"  {store}, {name} ({versions}; load {load}): graph "
+                    f"{_cost(_get(cell, 'graph'))}; two puts {_cost(_get(cell, 'two_puts'))}"
+                )
+            else:
+                rates = ", ".join(
+                    f"{key} {value}" for key, value in _items(cell) if key != "load_average"
+                )
+                out.append(f"  {store}, {name} (load {load}): {rates}")
+    memory = steps.get("memory")
+    if isinstance(memory, dict):
+        out.append(
+            f"  memory (load {_fmt(memory.get('load_average'), '.2f')}): "
+            f"{memory.get('events')} events live {memory.get('live_mib')} MiB, resumed "
+            f"{memory.get('resumed_mib')} MiB ({_fmt(memory.get('ratio'), '.2f')}x); per live "
+            f"session with one 37-event turn {memory.get('per_live_session_kib_37_events')} KiB"
+        )
+    return out
+
+
+def _items_dict(tree: object) -> dict[str, object]:
+    return dict(_items(tree))
 
 
 def _postgres_section(postgres: object) -> list[str]:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, objec
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
@@ -253,4 +254,53 @@ def test_the_postgres_figures_are_skipped_with_a_note_without_the_server_program
     }
     assert report.table({"postgres": figures}).splitlines()[-1] == (
         f"PostgreSQL figures skipped: {figures['skipped']}"
+    )
+
+
+# -- one agent step -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_is_measured_beside_its_raw_pair_with_cpu_and_the_load(
+    quick_run: tuple[dict[str, object], Path], backend: str
+) -> None:
+    cell = _dig(quick_run[0], "steps", "jsonl", f"1 session, {backend}")
+    assert isinstance(_dig(cell, "load_average"), float)
+    for key in ("wall_us", "cpu_us", "wall_ratio", "cpu_ratio"):
+        assert _number(cell, "library", key) > 0
+    for key in ("wall_us", "cpu_us"):
+        assert _number(cell, "raw_pair", key) > 0
+    assert "jsonl, 1 session, " + backend in report.table(quick_run[0])
+
+
+def test_many_sessions_and_memory_are_measured(quick_run: tuple[dict[str, object], Path]) -> None:
+    steps = _dig(quick_run[0], "steps")
+    many = _dig(steps, "jsonl", "20 sessions at once, asyncio")
+    assert _number(many, "steps_per_s") > 0
+    assert _number(many, "raw_pairs_per_s") > 0
+    memory = _dig(steps, "memory")
+    assert _dig(memory, "events") == 20_000
+    assert _number(memory, "live_mib") > 0
+    assert _number(memory, "resumed_mib") > 0
+
+
+def test_a_peer_that_is_not_installed_is_skipped_with_a_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.steps import QUICK_STEPS, _langgraph_peer
+
+    monkeypatch.setitem(sys.modules, "langgraph.checkpoint.sqlite", None)  # import fails
+
+    def unused(module: object) -> Generator[object, None, None]:
+        raise AssertionError("no saver is made without its package")
+
+    figures = _langgraph_peer("langgraph.checkpoint.sqlite", QUICK_STEPS, unused, print)
+
+    assert figures == {
+        "skipped": "install langgraph-checkpoint-sqlite and langgraph (the 'bench' extra)"
+    }
+    table = report.table({"steps": {"jsonl": {"SqliteSaver": figures}}})
+    assert table.splitlines()[-1] == (
+        "  jsonl, SqliteSaver: skipped: install langgraph-checkpoint-sqlite and langgraph "
+        "(the 'bench' extra)"
     )

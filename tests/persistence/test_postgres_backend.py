@@ -325,6 +325,39 @@ async def test_a_host_whose_lease_was_taken_over_is_fenced_and_runs_no_tool_body
     await taker.aclose()
 
 
+async def test_a_zombie_host_whose_lease_was_taken_is_refused_on_its_very_next_flush(
+    make: Any, admin: Admin
+) -> None:
+    # A long ttl: host-a's renewer does not run during the test, so host-a still believes
+    # its lease fresh (its quick path commits without a thread) when host-b takes it.
+    backend, taker = make(owner="host-a", lease_ttl=60, batch_window=60), make(owner="host-b")
+    taken = (
+        "the lease of 'host-a' (epoch 1) on session 'zombie' was taken over by 'host-b' "
+        "(epoch 2); refusing to write"
+    )
+    refusals: list[str] = []
+    with pytest.raises(LeaseLostError) as at_close:  # noqa: PT012 (checked after the close)
+        async with Host([backend]) as host:
+            session = await written_session(host, "zombie")
+            for step in (1, 2):  # quick commits: the session's recent writes were fast
+                session.append("step/start", {"turn": 1, "step": step})
+                await host.sessions.flush(session)
+            admin.execute("UPDATE kai_sessions.leases SET expires_at = clock_timestamp()")
+            repaired = await taker.load("zombie")
+            assert [item.type for item in repaired.repair] == ["step/end", "turn/end"]
+            session.append("step/end", {"turn": 1, "step": 2})
+            for _ in range(2):  # the very next flush, and every one after it
+                try:
+                    await host.sessions.flush(session)
+                except LeaseLostError as exc:
+                    refusals.append(str(exc))
+    assert refusals == [taken, taken]
+    assert str(at_close.value) == taken
+    assert stored_seqs(admin, "zombie") == [0, 1, 2, 3, 4]  # three of host-a's, two repairs
+    assert lease_row(admin, "zombie") == ("host-b", 2)
+    await taker.aclose()
+
+
 async def test_a_flush_with_nothing_to_write_is_refused_once_the_lease_is_lost(
     make: Any, admin: Admin
 ) -> None:

@@ -531,7 +531,7 @@ class WriteBehind(ABC, Generic[H]):
                 # No other task can run before this returns: no barrier to share, no await
                 # to shield. Nor a scheduler round after it (which costs a sixth of a small
                 # flush): what became ready meanwhile runs at the caller's next await.
-                await self._write_pending(writer, inline=True)  # never suspends
+                self._write_now(writer)
             if not writer.pending:
                 await checkpoint_if_cancelled()
                 return
@@ -627,22 +627,20 @@ class WriteBehind(ABC, Generic[H]):
         waited out even when the caller is cancelled meanwhile, and the cancellation is raised
         after it, with the batch durable.
         """
-        if not inline:
-            if writer.seed is not None:
-                await self._settle_seed(writer)
-                if not writer.pending:
-                    return
-            await self._make_room(writer)  # may wait: the caller holds the lane, shielded
-        observer = self.observer
-        failure: Exception | None = None
-        if observer is not None:
-            start, size = time.perf_counter(), self._stored_size(writer)
-            if size is None and writer.log is None and writer.pending[0].seq == 0:
-                size = 0  # a new session's log, not opened yet, holds nothing
+        if inline:
+            self._write_now(writer)
+            return
+        if writer.seed is not None:
+            await self._settle_seed(writer)
+            if not writer.pending:
+                return
+        await self._make_room(writer)  # may wait: the caller holds the lane, shielded
+        observed = self._observe_start(writer)
         batch, writer.pending = writer.pending, []
-        writer.window.close()
+        writer.window.is_open = False
         self._before_write(writer)
         written = False
+        failure: Exception | None = None
 
         def write() -> None:
             nonlocal written
@@ -650,36 +648,81 @@ class WriteBehind(ABC, Generic[H]):
             written = True
 
         try:
-            if inline:
-                write()
-            else:
-                await run_in_worker(write)
+            await run_in_worker(write)
         except Exception as exc:
             failure = exc
             raise
         finally:
+            # A cancellation met meanwhile is raised after the write, the batch durable.
             if written:
-                self._batches += 1
-                if writer.window.failures:
-                    logger.warning(
-                        "session %r written again after %d failed background writes",
-                        writer.session_id,
-                        writer.window.failures,
-                    )
-                    writer.window.failures = 0
+                self._written(writer)
             else:
                 writer.pending[:0] = batch
+                self._after_write(writer)
+            if observed is not None:
+                self._observe_end(writer, observed, len(batch), failure)
+
+    def _write_now(self, writer: Writer[H]) -> None:
+        """Write the whole queue as one batch on this thread (blocking: no other task runs)."""
+        observed = self._observe_start(writer)
+        batch, writer.pending = writer.pending, []
+        writer.window.is_open = False
+        self._before_write(writer)
+        try:
+            self._write_batch(writer, batch)
+        except BaseException as exc:
+            writer.pending[:0] = batch
             self._after_write(writer)
-            if observer is not None:
-                grown = self._stored_size(writer)
-                observer.batch_written(
-                    self,
-                    writer.session_id,
-                    len(batch),
-                    None if grown is None or size is None else grown - size,
-                    time.perf_counter() - start,
-                    failure,
-                )
+            if observed is not None:
+                failure = exc if isinstance(exc, Exception) else None
+                self._observe_end(writer, observed, len(batch), failure)
+            raise
+        self._written(writer)
+        if observed is not None:
+            self._observe_end(writer, observed, len(batch), None)
+
+    def _written(self, writer: Writer[H]) -> None:
+        """Count a batch of *writer* written, and end its write."""
+        self._batches += 1
+        if writer.window.failures:
+            logger.warning(
+                "session %r written again after %d failed background writes",
+                writer.session_id,
+                writer.window.failures,
+            )
+            writer.window.failures = 0
+        self._after_write(writer)
+
+    def _observe_start(self, writer: Writer[H]) -> tuple[float, int | None] | None:
+        """When a batch's write starts and the stored size then, if an observer listens."""
+        if self.observer is None:
+            return None
+        size = self._stored_size(writer)
+        if size is None and writer.log is None and writer.pending[0].seq == 0:
+            size = 0  # a new session's log, not opened yet, holds nothing
+        return time.perf_counter(), size
+
+    def _observe_end(
+        self,
+        writer: Writer[H],
+        started: tuple[float, int | None],
+        count: int,
+        failure: Exception | None,
+    ) -> None:
+        """Tell the observer (if one still listens) of a batch's write that ended."""
+        observer = self.observer
+        if observer is None:
+            return
+        start, size = started
+        grown = self._stored_size(writer)
+        observer.batch_written(
+            self,
+            writer.session_id,
+            count,
+            None if grown is None or size is None else grown - size,
+            time.perf_counter() - start,
+            failure,
+        )
 
     async def _settle_seed(self, writer: Writer[H]) -> None:
         """Queue what the store lacks of *writer*'s seed, ahead of its events.

@@ -3,7 +3,11 @@
 The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
 (:mod:`..core`), as for JSONL; this module makes a batch durable in a database transaction and
 reads logs back, through the blocking store of :mod:`.store`, called from worker threads
-(:func:`~..workers.run_in_worker`, on asyncio and on trio alike).
+(:func:`~..workers.run_in_worker`, on asyncio and on trio alike). An awaited flush on asyncio
+commits on the event loop's own thread instead when no other task is ready to run, the lease
+has more than a renewal period left and the session's recent commits were quick
+(:data:`INLINE_WRITE_LIMIT`): handing one round trip to a thread and back costs more CPU than
+the commit's own client side, and a loop with nothing else to run loses nothing by waiting.
 
 **Leases.** A host writes a session only while it holds the session's lease: it takes the lease
 with the session's first write (learning the durable count), renews all of its leases in one
@@ -71,7 +75,7 @@ from ..values import (
     StoredSuffix,
     check_from_seq,
 )
-from ..workers import run_in_worker
+from ..workers import loop_is_idle, run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
 from .store import (
@@ -91,6 +95,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
+    "INLINE_WRITE_LIMIT",
     "RENEWALS_PER_TTL",
     "PostgresSessionPersistence",
     "PostgresStatistics",
@@ -102,6 +107,9 @@ DEFAULT_LEASE_TTL: Final = 10.0
 """Seconds a lease lasts from its last renewal: how long a dead host's sessions stay locked."""
 RENEWALS_PER_TTL: Final = 3
 """How often a lease is renewed within its ttl: a host may miss two renewals in a row."""
+INLINE_WRITE_LIMIT: Final = 0.01
+"""An awaited flush commits on the event loop's thread while the session's recent commits
+took less than this many seconds (and nothing else is ready to run)."""
 
 
 @final
@@ -325,6 +333,26 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
                 log.lost = refused
                 raise
             self._group.append(store, Batch(log.lease, log.count, batch, log.header))
+
+    def _may_write_inline(self, writer: Writer[_Lease]) -> bool:
+        """Whether an awaited flush may commit on the event loop's thread: when no other task
+        is ready to run (asyncio only), the session already holds its lease with more than a
+        renewal period of it left, its recent commits were quick, and no group commit is in
+        flight in a worker thread.
+
+        Handing a one-round-trip commit to a thread and waking the loop when it returns costs
+        more CPU than the commit's own client side; a loop with nothing else to run loses
+        nothing by waiting for the server itself. The round trip keeps its deadline.
+        """
+        log = writer.log
+        return (
+            log is not None
+            and log.lost is None
+            and writer.write_seconds < INLINE_WRITE_LIMIT
+            and time.monotonic() < log.valid_until - self.lease_ttl / RENEWALS_PER_TTL
+            and not self._group.busy
+            and loop_is_idle()
+        )
 
     def _renew(self, log: _Lease) -> bool:
         """Renew *log*'s lease (blocking); whether it was still this backend's to renew."""

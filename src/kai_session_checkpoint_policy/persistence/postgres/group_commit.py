@@ -50,6 +50,11 @@ class GroupCommit:
         self._committing = False
         self.transactions = 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether a commit is in progress (a thread calling :meth:`append` might wait)."""
+        return self._committing
+
     def append(self, store: PostgresSessionStore, batch: Batch) -> None:
         """Make *batch* durable, maybe in one transaction with batches of other sessions."""
         mine = _Queued(batch)

@@ -74,9 +74,10 @@ SCHEMA_VERSION: Final = len(MIGRATIONS)
 """The schema version this release writes."""
 APPEND_AT_ONCE: Final = """
     WITH batch AS (
-        SELECT * FROM unnest(%(sessions)b::text[], %(owners)b::text[], %(epochs)b::bigint[],
-                             %(expected)b::bigint[], %(created)b::bigint[], %(metas)b::text[])
-            AS batch(session_id, owner, epoch, expected, created_at, meta)
+        SELECT * FROM ROWS FROM (json_to_recordset(%(batches)s::json)
+            AS (session_id text, owner text, epoch bigint, expected bigint, created_at bigint,
+                meta text, size bigint)) WITH ORDINALITY
+            AS batch(session_id, owner, epoch, expected, created_at, meta, size, number)
     ), held AS (
         SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
         WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
@@ -90,18 +91,28 @@ APPEND_AT_ONCE: Final = """
     ), new_sessions AS (
         INSERT INTO {schema}.sessions (session_id, created_at, version, meta)
         SELECT session_id, created_at, %(version)s, meta FROM ready WHERE expected = 0
+    ), slot AS (
+        SELECT session_id, seq, row_number() OVER (ORDER BY number, seq) AS position
+        FROM batch CROSS JOIN LATERAL generate_series(expected, expected + size - 1) AS seq
     ), written AS (
         INSERT INTO {schema}.events (session_id, seq, type, time, record)
-        SELECT * FROM unnest(%(row_sessions)b::text[], %(seqs)b::bigint[], %(types)b::text[],
-                             %(times)b::bigint[], %(records)b::text[])
-            AS event(session_id, seq, type, time, record)
-        WHERE event.session_id IN (SELECT session_id FROM ready)
+        SELECT slot.session_id, slot.seq, event.type, event.time, event.record
+        FROM slot JOIN ROWS FROM (
+            json_array_elements_text(%(types)s::json),
+            unnest(string_to_array(%(times)s, ',')::bigint[]),
+            unnest(string_to_array(%(records)s, E'\\n'))
+        ) WITH ORDINALITY AS event(type, time, record, position) USING (position)
+        WHERE slot.session_id IN (SELECT session_id FROM ready)
     )
     SELECT 1 / (SELECT CASE count(*) WHEN %(count)s THEN 1 ELSE 0 END FROM ready)
 """
 """Every batch in one statement, if every lease and every stored count is as expected; else
 a division by zero, which undoes the statement
-(:meth:`~.store.PostgresSessionStore.append_many`)."""
+(:meth:`~.store.PostgresSessionStore.append_many`).
+
+Its parameters are texts, which the client passes without converting them: the batches as a
+JSON array of objects, the events' types as a JSON array, their times joined by commas, and
+their records joined by newlines (a record is one line of JSON, which holds no newline)."""
 
 
 def migration_lock_key(schema: str) -> int:

@@ -105,6 +105,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+_dumps: Final = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+"""JSON text of a statement's parameter (the standard library's C encoder)."""
+
 DEFAULT_STATEMENT_DEADLINE: Final = 3.0
 """Seconds the server has to answer a statement (beyond the time it may wait for a lock)."""
 
@@ -318,6 +321,7 @@ class PostgresSessionStore:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"max_connections must be an integer, at least 1, not {size!r}")
         self.schema: Final = schema
+        self._append_sql: bytes | None = None
         self.pool_timeout: Final = check_seconds("pool_timeout", pool_timeout)
         self.migration_timeout: Final = check_seconds("migration_timeout", migration_timeout)
         self.lock_timeout: Final = check_seconds("lock_timeout", lock_timeout)
@@ -505,6 +509,13 @@ class PostgresSessionStore:
 
     def _sql(self, statement: str) -> sql.Composed:
         return sql.SQL(statement).format(schema=sql.Identifier(self.schema))
+
+    def _append_statement(self, connection: _Connection) -> bytes:
+        """The statement of every batch, composed once."""
+        statement = self._append_sql
+        if statement is None:
+            statement = self._append_sql = self._sql(APPEND_AT_ONCE).as_bytes(connection)
+        return statement
 
     # -- schema ---------------------------------------------------------------------------------
 
@@ -874,28 +885,30 @@ class PostgresSessionStore:
             already stored (the caller's transaction then finds out what, and writes what it
             may).
         """
-        rows = [
-            (batch.lease.session_id, event, line)
-            for batch, lines in zip(batches, records, strict=True)
-            for event, line in zip(batch.events, lines, strict=True)
-        ]
+        events = [event for batch in batches for event in batch.events]
         try:
             connection.execute(
-                self._sql(APPEND_AT_ONCE),
+                self._append_statement(connection),
                 {
-                    "sessions": [batch.lease.session_id for batch in batches],
-                    "owners": [batch.lease.owner for batch in batches],
-                    "epochs": [batch.lease.epoch for batch in batches],
-                    "expected": [batch.expected_count for batch in batches],
-                    "created": [batch.created_at for batch in batches],
-                    "metas": [batch.meta for batch in batches],
+                    "batches": _dumps(
+                        [
+                            {
+                                "session_id": batch.lease.session_id,
+                                "owner": batch.lease.owner,
+                                "epoch": batch.lease.epoch,
+                                "expected": batch.expected_count,
+                                "created_at": batch.created_at,
+                                "meta": batch.meta,
+                                "size": len(batch.events),
+                            }
+                            for batch in batches
+                        ]
+                    ),
                     "version": FORMAT_VERSION,
                     "count": len(batches),
-                    "row_sessions": [row[0] for row in rows],
-                    "seqs": [row[1].seq for row in rows],
-                    "types": [row[1].type for row in rows],
-                    "times": [row[1].time for row in rows],
-                    "records": [row[2] for row in rows],
+                    "types": _dumps([event.type for event in events]),
+                    "times": ",".join([str(event.time) for event in events]),
+                    "records": "\n".join([line for lines in records for line in lines]),
                 },
             )
         except psycopg.errors.DivisionByZero:
