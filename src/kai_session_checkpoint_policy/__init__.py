@@ -46,6 +46,7 @@ if _typing.TYPE_CHECKING:
         text_block,
         tool_call_block,
     )
+    from .effects import EffectClass
     from .events import (
         EVENT_TYPES,
         JSON,
@@ -77,12 +78,15 @@ if _typing.TYPE_CHECKING:
         ToolExecution,
         TurnOutcome,
     )
+    from .meta import SessionMeta, SessionMetaError
     from .persistence import (
         CorruptLogError,
+        EncodingMismatchError,
         JsonlSessionPersistence,
         NotARegularFileError,
         PersistenceError,
         PostgresSessionPersistence,
+        SeedMismatchError,
         SeqMismatchError,
         SessionHeader,
         SessionListing,
@@ -200,6 +204,11 @@ _LAZY: _typing.Final = {
     "error_result": ".results",
     "not_started": ".results",
     "outcome_unknown": ".results",
+    "SessionMeta": ".meta",
+    "SessionMetaError": ".meta",
+    "SeedMismatchError": ".persistence",
+    "EncodingMismatchError": ".persistence",
+    "EffectClass": ".effects",
 }
 """Where each name of the package root is defined: imported from there when first used."""
 
@@ -219,6 +228,8 @@ __all__ = [
     "BlockEnd",
     "BlockStart",
     "CorruptLogError",
+    "EffectClass",
+    "EncodingMismatchError",
     "ErrorInfo",
     "EventDataError",
     "Finish",
@@ -244,6 +255,7 @@ __all__ = [
     "PreStepDecision",
     "PreStepLike",
     "ReasoningDelta",
+    "SeedMismatchError",
     "SeqMismatchError",
     "Session",
     "SessionError",
@@ -255,6 +267,8 @@ __all__ = [
     "SessionListing",
     "SessionLockedError",
     "SessionLogLike",
+    "SessionMeta",
+    "SessionMetaError",
     "SessionNotFoundError",
     "SessionNotLiveError",
     "SessionPersistence",
