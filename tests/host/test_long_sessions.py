@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from kai_session_checkpoint_policy.persistence import OsFiles, SeedMismatchError
 from kai_session_checkpoint_policy.pytest_plugin import RecordingAdapter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from kai_session_checkpoint_policy import JSONObject
@@ -48,7 +50,7 @@ async def live_chunks() -> int:
 
 
 class CountingFiles(OsFiles):
-    """The real file layer, counting the logs it reads whole."""
+    """The real file layer, counting the logs it reads whole (at once, or a chunk at a time)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,6 +59,12 @@ class CountingFiles(OsFiles):
     def read(self, path: Path) -> bytes:
         self.reads += 1
         return super().read(path)
+
+    @contextlib.contextmanager
+    def reader(self, path: Path) -> Iterator[Callable[[int], bytes]]:
+        self.reads += 1
+        with super().reader(path) as read:
+            yield read
 
 
 async def run_turns(root: Path, count: int, files: OsFiles | None = None) -> list[str]:
