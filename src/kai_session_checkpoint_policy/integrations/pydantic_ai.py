@@ -564,17 +564,23 @@ class _SessionHost:
 
     async def _carry_over(self, turn: _Turn, response: ModelResponse) -> None:
         """Open a step for the calls of an earlier run that this one answers (the run resumes
-        with ``deferred_tool_results``): the calls of *response* with no result in the log."""
-        answered = {
-            eventdata.result_call_id(event.data)
-            for event in self.session.events.select({"tool/result"})
-        }
+        with ``deferred_tool_results``): the calls of *response* that a response in the log
+        asked for and that have no result there. Calls of a history from elsewhere stay
+        unrecorded, and are refused when they are about to run."""
+        asked: set[str] = set()
+        for event in self.session.events.select({"assistant/message", "tool/result"}):
+            if event.type == "assistant/message":
+                asked.update(eventdata.tool_call_ids(event.data))
+            else:
+                asked.discard(eventdata.result_call_id(event.data) or "")
+        carried = [call for call in response.tool_calls if call.tool_call_id in asked]
+        if not carried:
+            return
         await self._open_step(turn)
         turn.response = response
-        for call in response.tool_calls:
-            if call.tool_call_id not in answered:
-                turn.calls[call.tool_call_id] = _Call(call.tool_call_id, call.tool_name)
-                turn.carried.add(call.tool_call_id)
+        for call in carried:
+            turn.calls[call.tool_call_id] = _Call(call.tool_call_id, call.tool_name)
+            turn.carried.add(call.tool_call_id)
 
     async def _open_step(self, turn: _Turn) -> int:
         """Run the pre-step checkpoint, then append the next ``step/start``; return its step."""
