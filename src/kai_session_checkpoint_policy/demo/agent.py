@@ -159,9 +159,10 @@ async def _hang(marker: Path | None, place: HangAt, hang_for: float | None) -> N
 class ScriptedModel:
     """A model adapter that plays a fixed script instead of calling a provider.
 
-    When the last message is the user's prompt it asks for one ``send_payment`` call (the
-    first prompt's call is :data:`CALL_ID`, the *n*-th prompt's ``CALL_ID-n``); after a tool
-    result, it answers with one text that reports what the tool said.
+    While the transcript holds no tool result it asks for one ``send_payment`` call; once it
+    does, it answers with one text that reports what the tool said. With *ask_each_prompt*, it
+    asks for the payment again whenever the last message is a user's prompt (the first
+    prompt's call is :data:`CALL_ID`, the *n*-th prompt's ``CALL_ID-n``).
     """
 
     def __init__(
@@ -170,7 +171,9 @@ class ScriptedModel:
         hang_at_request: bool = False,
         marker: Path | None = None,
         hang_for: float | None = None,
+        ask_each_prompt: bool = False,
     ) -> None:
+        self.ask_each_prompt = ask_each_prompt
         self.hang_at_request = hang_at_request
         self.marker = marker
         self.hang_for = hang_for
@@ -180,7 +183,7 @@ class ScriptedModel:
             await _hang(self.marker, "request", self.hang_for)
         prompts = _prompts(request.messages)
         result = _last_tool_result(request.messages)
-        if result is None or prompts[-1]:
+        if result is None or (self.ask_each_prompt and prompts[-1]):
             call_id = CALL_ID if len(prompts) < 2 else f"{CALL_ID}-{len(prompts)}"
             for chunk in tool_call_block(0, call_id, TOOL_NAME, json.dumps(PAYMENT)):
                 yield chunk
@@ -326,7 +329,7 @@ async def demo_host(
     (with *use_policy*) the checkpoint policy and its invariant companion, then
     *extra_plugins*. The scripted model (or *adapter*, a real one) is registered for
     *provider*, and the ``send_payment`` tool is registered (needing a person's yes with
-    *needs_approval*).
+    *needs_approval*, and the scripted model then asks for it again at each prompt).
     *batch_window* is the backend's: how long an event may wait for a background batch;
     *lease_ttl* the PostgreSQL lease's. *hang_for* bounds the wait at *hang_at*.
     """
@@ -340,7 +343,10 @@ async def demo_host(
     async with Host(plugins, autoload=False) as host:
         if adapter is None:
             adapter = ScriptedModel(
-                hang_at_request=hang_at == "request", marker=marker, hang_for=hang_for
+                hang_at_request=hang_at == "request",
+                marker=marker,
+                hang_for=hang_for,
+                ask_each_prompt=needs_approval,
             )
         host.llm.register_adapter(provider, adapter)
         host.tools.register(
