@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from agents import Runner, RunState, set_tracing_disabled
+from agents import Agent, Runner, RunState, function_tool, set_tracing_disabled
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+from agents.tool_context import ToolContext
 
+from kai_session_checkpoint_policy.effects import idempotency_key
 from kai_session_checkpoint_policy.host.approvals import ApprovalQuestion
-from kai_session_checkpoint_policy.integrations.openai_agents import CheckpointSession
+from kai_session_checkpoint_policy.integrations.openai_agents import (
+    CheckpointError,
+    CheckpointSession,
+)
 
 from ..support.markers import kill_at_marker
 from .openai_agents_approval_child import CALL, paying_agent
@@ -144,3 +150,65 @@ async def test_a_sigkill_after_the_durable_yes_uses_it_once_without_asking_again
         assert [kind for kind, _ in shown].count("approval/decided") == 1
         assert (session.pending_approvals(), session.standing_approvals()) == ([], {})
     assert payments(tmp_path) == ["paid invoice 1042"]
+
+
+# -- a retry names its key ----------------------------------------------------------------------
+
+
+def charging_agent(keys: list[str], session: CheckpointSession, named: str) -> Agent[Any]:
+    """Asks for ``charge-1``, then its retry ``charge-2`` naming *named*, then answers."""
+
+    @function_tool
+    async def charge(
+        context: ToolContext[Any], amount: int, idempotency_key: str | None = None
+    ) -> str:
+        """Charge an amount; name the key of the call this one repeats, if it is a retry."""
+        keys.append(session.idempotency_key(context.tool_call_id))
+        return f"charged {amount}"
+
+    steps = [
+        ModelStep([function_call("charge", {"amount": 5}, call_id="charge-1")]),
+        ModelStep(
+            [function_call("charge", {"amount": 5, "idempotency_key": named}, call_id="charge-2")]
+        ),
+        ModelStep([assistant_message("done")]),
+    ]
+    return Agent(name="charger", model=ScriptedModel(steps), tools=[charge])
+
+
+async def test_a_retry_that_names_the_first_calls_key_runs_with_it(tmp_path: Path) -> None:
+    set_tracing_disabled(True)
+    keys: list[str] = []
+    first = idempotency_key(SESSION, "charge-1")
+    effects = {"charge": "idempotent"}
+    async with CheckpointSession(tmp_path, SESSION, effects=effects) as session:
+        agent = charging_agent(keys, session, first)
+        result = await Runner.run(agent, "charge 5", session=session, hooks=session.hooks)
+        recorded = [
+            (event.data["callId"], event.data["idempotencyKey"])
+            for event in session.log.events
+            if event.type == "tool/call"
+        ]
+    assert result.final_output == "done"
+    assert keys == [first, first]
+    assert recorded == [("charge-1", first), ("charge-2", first)]
+
+
+async def test_a_key_the_session_never_gave_is_refused_before_the_body(tmp_path: Path) -> None:
+    set_tracing_disabled(True)
+    keys: list[str] = []
+    async with CheckpointSession(tmp_path, SESSION, effects={"charge": "idempotent"}) as session:
+        agent = charging_agent(keys, session, "kai-idem-made-up")
+        with pytest.raises(CheckpointError) as refused:
+            await Runner.run(agent, "charge 5", session=session, hooks=session.hooks)
+        (last,) = [event for event in session.log.events if event.type == "tool/result"][-1:]
+    assert keys == [idempotency_key(SESSION, "charge-1")]  # the retry's body never ran
+    assert str(refused.value) == (
+        "session 'approvals': tool call 'charge-2' (charge) was not dispatched, its body did not "
+        "run: idempotency_key 'kai-idem-made-up' is not the key of an earlier call of 'charge' "
+        "in this session; leave it out for a new call"
+    )
+    assert last.data["error"] == {
+        "name": "IdempotencyKeyError",
+        "code": "UNKNOWN_IDEMPOTENCY_KEY",
+    }

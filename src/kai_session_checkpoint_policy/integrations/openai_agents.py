@@ -76,11 +76,17 @@ from ..contract import (
     text_block,
     tool_call_block,
 )
-from ..effects import READ_ONLY, WORST_EFFECT, effect_class, idempotency_key
+from ..effects import (
+    IDEMPOTENCY_KEY_ARGUMENT,
+    READ_ONLY,
+    WORST_EFFECT,
+    effect_class,
+    idempotency_key,
+)
 from ..host import AbortController, Agent, Host, PreStep, Tool, ToolExecution, error_message
 from ..host.approvals import ApprovalQuestion
 from ..persistence import DEFAULT_BATCH_WINDOW, interrupted_turn_closers, open_store
-from ..results import TextBlock, ToolResult, error_result
+from ..results import UNKNOWN_IDEMPOTENCY_KEY, ErrorInfo, TextBlock, ToolResult, error_result
 
 if TYPE_CHECKING:
     import os
@@ -211,6 +217,7 @@ class CheckpointSession:
         self._call_seqs: dict[str, int] = {}  # the seq of each tool/call of the open turn
         self._approving: set[str] = set()  # the tools that may need approval, as last seen
         self._approval_turn = False  # the open turn answers calls of an earlier turn's response
+        self._named_keys: dict[str, str] = {}  # the key a retry named, by its call id
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -491,8 +498,31 @@ class CheckpointSession:
     def idempotency_key(self, tool_call_id: str) -> str:
         """The idempotency key of the call *tool_call_id* of this session, as its ``tool/call``
         records it: a tool body hands it (from ``ToolContext.tool_call_id``) to a provider that
-        deduplicates on it."""
-        return idempotency_key(self.session_id, tool_call_id)
+        deduplicates on it. For a retry that named the key of an earlier call (a tool
+        parameter ``idempotency_key``), that key."""
+        named = self._named_keys.get(tool_call_id)
+        return named if named is not None else idempotency_key(self.session_id, tool_call_id)
+
+    def _named_key(self, name: str, arguments: str) -> str | None:
+        """The key a retry's *arguments* name (``idempotency_key``), if it is the key of an
+        earlier call of the tool *name* in this session.
+
+        :raises ValueError: naming the key, if it is not.
+        """
+        parsed = _parse(arguments)
+        named = parsed.get(IDEMPOTENCY_KEY_ARGUMENT) if isinstance(parsed, dict) else None
+        if named is None:
+            return None
+        issued = any(
+            event.data.get("idempotencyKey") == named and event.data.get("name") == name
+            for event in self.log.events.select({"tool/call"})
+        )
+        if not (isinstance(named, str) and issued):
+            raise ValueError(
+                f"{IDEMPOTENCY_KEY_ARGUMENT} {named!r} is not the key of an earlier call of "
+                f"{name!r} in this session; leave it out for a new call"
+            )
+        return named
 
     async def _before_tool(self, context: ToolContext[Any]) -> None:
         session, host = self.log, self._require_host()
@@ -503,6 +533,19 @@ class CheckpointSession:
         turn = self._require_turn()
         approval_id = await self._approval_of(call_id) if waited else None
         effect = self._effects.get(name, WORST_EFFECT)
+        try:
+            named = None if effect == READ_ONLY else self._named_key(name, arguments)
+        except ValueError as exc:
+            refusal = error_result(
+                str(exc), ErrorInfo("IdempotencyKeyError", UNKNOWN_IDEMPOTENCY_KEY)
+            )
+            self._append_result(call_id, refusal)
+            raise CheckpointError(
+                f"session {self.session_id!r}: tool call {call_id!r} ({name}) was not "
+                f"dispatched, its body did not run: {exc}"
+            ) from exc
+        if named is not None:
+            self._named_keys[call_id] = named
         key = None if effect == READ_ONLY else self.idempotency_key(call_id)
         data = eventdata.tool_call(
             turn,
