@@ -25,7 +25,8 @@ Every message of a run is recorded in the events the reference agent writes: ``t
 ``step/start``, ``user/message``, ``request/header`` and ``request/context`` (once per opened
 session), ``assistant/message`` (text, reasoning and tool-call blocks), ``tool/call``,
 ``tool/result``, ``step/end``, ``turn/end``. Every tool call the model asked for ends with one
-``tool/result``, so ``message_history`` never ends with a call left to run: after a crash, a call
+``tool/result`` (but a call a run deferred, which waits for the run that answers it), so
+``message_history`` never ends with a call left to run by accident: after a crash, a call
 that started answers ``TOOL_OUTCOME_UNKNOWN`` (its effect may have happened), one that provably
 never started ``TOOL_NOT_STARTED``, and Pydantic AI runs neither again. The model decides.
 
@@ -252,7 +253,8 @@ class PydanticAISession:
         """The session's messages as Pydantic AI's, for a run's ``message_history``.
 
         Built from the log each time it is read: after a crash, it holds the recovery's results,
-        so it never ends with a tool call left to run. A result that failed in a known way (the
+        so it never ends with a tool call left to run, but for the calls a run deferred (they
+        wait for the answers of ``deferred_tool_results``). A result that failed in a known way (the
         recovery's ``TOOL_OUTCOME_UNKNOWN`` and ``TOOL_NOT_STARTED`` among them) is a failed tool
         return whose content begins with its code in brackets, and whose ``metadata`` holds
         ``{"error": {"name": ..., "code": ...}}``.
