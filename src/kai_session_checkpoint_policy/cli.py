@@ -3,8 +3,8 @@
 Subcommands::
 
     kai-checkpoint demo [--root STORE | --keep]
-    kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE]
-                         [--hang-at request|tool --marker FILE [--hang-for SECONDS]]
+    kai-checkpoint agent --root STORE --session ID [--no-policy] [--ledger FILE] [--ask]
+                         [--hang-at request|tool|approved --marker FILE [--hang-for SECONDS]]
                          [--lease-ttl SECONDS]
                          [--model-url URL --model NAME [--api-key-env NAME]]
     kai-checkpoint list ROOT [--json] [--needs-attention]
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
     from .host import ModelAdapter
+    from .host.approvals import ApprovalQuestion, Approver
     from .persistence import SessionHeader, Store, StoredLog
 
 __all__ = [
@@ -498,6 +499,8 @@ async def _run_agent(args: argparse.Namespace) -> int:
         raise UsageError("--hang-at and --marker go together")
     if args.hang_for is not None and args.hang_at is None:
         raise UsageError("--hang-for goes with --hang-at")
+    if args.hang_at == "approved" and not args.ask:
+        raise UsageError("--hang-at approved goes with --ask")
     adapter = _model_adapter(args)
     async with _opened(args.root, existing=False, lease_ttl=args.lease_ttl) as backend:
         try:
@@ -505,8 +508,9 @@ async def _run_agent(args: argparse.Namespace) -> int:
         except SessionNotFoundError:
             pass
         else:
-            where = display_url(args.root)
-            raise UsageError(f"session {args.session} already exists under {where}")
+            if not args.ask:  # with --ask, the session is resumed: a question may be pending
+                where = display_url(args.root)
+                raise UsageError(f"session {args.session} already exists under {where}")
     outcome = await run_agent(
         args.root,
         args.session,
@@ -520,12 +524,29 @@ async def _run_agent(args: argparse.Namespace) -> int:
         provider=PROVIDER if adapter is None else "openai",
         model=MODEL if adapter is None else args.model,
         adapter=adapter,
+        approver=_terminal_approver(args),
+        show_pending=_show_pending,
     )
     reason = printable(compact(outcome.reason))
     print(f"session {printable(args.session)}, turn {outcome.turn}: {reason}")
     if outcome.text:
         print(f"assistant: {printable(outcome.text)}")
     return EXIT_OK if outcome.error is None else EXIT_FAILURE
+
+
+def _terminal_approver(args: argparse.Namespace) -> Approver | None:
+    """With ``--ask``: the approver that asks on standard error and reads standard input."""
+    from .demo.terminal import TerminalApprover
+
+    return TerminalApprover(sys.stderr, sys.stdin.fileno()) if args.ask else None
+
+
+def _show_pending(questions: list[ApprovalQuestion]) -> None:
+    """Show on standard error the questions a resumed session has left unanswered."""
+    from .demo.terminal import pending_lines
+
+    for line in pending_lines(questions):
+        print(line, file=sys.stderr)
 
 
 def _model_adapter(args: argparse.Namespace) -> ModelAdapter | None:
@@ -693,11 +714,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     agent.add_argument(
         "--hang-at",
-        choices=("request", "tool"),
+        choices=("request", "tool", "approved"),
         help=(
             "request: inside the model adapter, writing 'request-dispatched'; tool: inside "
-            "send_payment after the payment, writing 'tool-side-effect'"
+            "send_payment after the payment, writing 'tool-side-effect'; approved (with "
+            "--ask): once the yes is durable, before the call starts, writing "
+            "'approval-decided'"
         ),
+    )
+    agent.add_argument(
+        "--ask",
+        action="store_true",
+        help="send_payment waits for a yes: the question goes to standard error, the answer "
+        "(y or n) is read from standard input; an existing session is resumed, and the "
+        "questions a crash or Ctrl-C left unanswered are shown and asked again",
     )
     agent.add_argument("--marker", metavar="FILE", help="the marker file written by --hang-at")
     agent.add_argument(

@@ -725,3 +725,34 @@ def test_the_example_runs_against_the_endpoint(tmp_path: Path, server: ModelServ
             {"invoice": "1042", "amount": "120.00 EUR", "due": "2025-04-30", "paid": False}
         ),
     }
+
+
+def test_with_ask_the_endpoints_call_waits_for_a_yes_on_the_terminal(
+    tmp_path: Path, server: ModelServer
+) -> None:
+    server.reply(Replay("payment_call.sse"), Replay("payment_answer.sse"))
+    root, ledger = tmp_path / "sessions", tmp_path / "ledger.jsonl"
+    command = [sys.executable, "-m", "kai_session_checkpoint_policy", "agent", "--ask"]
+    command += ["--root", str(root), "--session", "pay-1", "--ledger", str(ledger)]
+    command += ["--model-url", server.url, "--model", MODEL, "--api-key-env", "PAYMENTS_KEY"]
+    env = {**os.environ, "PAYMENTS_KEY": KEY}
+    done = subprocess.run(
+        command, input="y\n", capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+    assert (done.returncode, done.stderr) == (
+        0,
+        f"approval needed: {TOOL_NAME} {ARGUMENTS}\napprove? [y/N] ",
+    )
+    assert [json.loads(line) for line in ledger.read_text().splitlines()] == [
+        {"idempotencyKey": CALL, "payment": PAYMENT}
+    ]
+    log = anyio.run(JsonlSessionPersistence(root).inspect, "pay-1")
+    approvals = [event for event in log.events if event.type.startswith("approval/")]
+    (call,) = [event.data for event in log.events if event.type == "tool/call"]
+    assert [(event.type, event.data.get("outcome")) for event in approvals] == [
+        ("approval/asked", None),
+        ("approval/decided", "allowed-once"),
+    ]
+    assert approvals[0].data["arguments"] == ARGUMENTS
+    assert call["approvalId"] == approvals[0].data["id"]

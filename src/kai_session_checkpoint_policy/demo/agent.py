@@ -13,7 +13,14 @@ writing a marker file, so that another process can kill, stop or observe it exac
 ``"request"``
     inside the model adapter, once the request reached it (marker text ``request-dispatched``);
 ``"tool"``
-    inside the tool body, once the payment was made (marker text ``tool-side-effect``).
+    inside the tool body, once the payment was made (marker text ``tool-side-effect``);
+``"approved"``
+    with a tool that needs approval: once the person's yes is durable, before the call starts
+    (marker text ``approval-decided``).
+
+With an *approver*, ``send_payment`` needs a person's yes before each call (see
+:mod:`~kai_session_checkpoint_policy.host.approvals`); a resumed session shows the questions a
+crash or a stop left unanswered, and the model, asked again, asks for the payment again.
 
 :func:`run_demo` tells the whole story: a normal turn with every checkpoint shown, the same
 turn killed with SIGKILL inside the tool and recovered, and the same crash without the policy.
@@ -34,6 +41,7 @@ from .. import invariant, policy
 from ..contract import Finish, text_block, tool_call_block
 from ..effects import SIDE_EFFECTING
 from ..eventdata import texts_of
+from ..hookspecs import hookimpl
 from ..host import Agent, Host, Tool
 from ..persistence import (
     DEFAULT_BATCH_WINDOW,
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
         AsyncGenerator,
         AsyncIterator,
         Callable,
+        Generator,
         Iterable,
     )
     from pathlib import Path
@@ -53,8 +62,11 @@ if TYPE_CHECKING:
 
     from ..contract import LlmRequest, StreamChunk
     from ..events import JSON, JSONObject
+    from ..hookspecs import ToolThunk
     from ..host import ModelAdapter, ToolExecution, TurnOutcome
+    from ..host.approvals import ApprovalQuestion, Approver
     from ..persistence import Store
+    from ..results import ToolResult
 
 __all__ = [
     "CALL_ID",
@@ -77,7 +89,7 @@ __all__ = [
     "write_marker",
 ]
 
-HangAt: TypeAlias = Literal["request", "tool"]
+HangAt: TypeAlias = Literal["request", "tool", "approved"]
 
 PROVIDER: Final = "scripted"
 MODEL: Final = "demo-payments-1"
@@ -105,6 +117,7 @@ PAYMENT_PARAMETERS: Final[JSONObject] = {
 MARKERS: Final[dict[HangAt, str]] = {
     "request": "request-dispatched",
     "tool": "tool-side-effect",
+    "approved": "approval-decided",
 }
 """The exact text written into the marker file at each place the agent can hang."""
 DEMO_LEASE_TTL: Final = 1.0
@@ -147,7 +160,9 @@ class ScriptedModel:
     """A model adapter that plays a fixed script instead of calling a provider.
 
     While the transcript holds no tool result it asks for one ``send_payment`` call; once it
-    does, it answers with one text that reports what the tool said.
+    does, it answers with one text that reports what the tool said. With *ask_each_prompt*, it
+    asks for the payment again whenever the last message is a user's prompt (the first
+    prompt's call is :data:`CALL_ID`, the *n*-th prompt's ``CALL_ID-n``).
     """
 
     def __init__(
@@ -156,7 +171,9 @@ class ScriptedModel:
         hang_at_request: bool = False,
         marker: Path | None = None,
         hang_for: float | None = None,
+        ask_each_prompt: bool = False,
     ) -> None:
+        self.ask_each_prompt = ask_each_prompt
         self.hang_at_request = hang_at_request
         self.marker = marker
         self.hang_for = hang_for
@@ -164,9 +181,11 @@ class ScriptedModel:
     async def __call__(self, request: LlmRequest) -> AsyncGenerator[StreamChunk, None]:
         if self.hang_at_request:
             await _hang(self.marker, "request", self.hang_for)
+        prompts = _prompts(request.messages)
         result = _last_tool_result(request.messages)
-        if result is None:
-            for chunk in tool_call_block(0, CALL_ID, TOOL_NAME, json.dumps(PAYMENT)):
+        if result is None or (self.ask_each_prompt and prompts[-1]):
+            call_id = CALL_ID if len(prompts) < 2 else f"{CALL_ID}-{len(prompts)}"
+            for chunk in tool_call_block(0, call_id, TOOL_NAME, json.dumps(PAYMENT)):
                 yield chunk
             yield Finish("tool-calls")
             return
@@ -179,6 +198,18 @@ class ScriptedModel:
         for chunk in text_block(0, answer):
             yield chunk
         yield Finish("stop")
+
+
+def _prompts(messages: Iterable[JSONObject]) -> list[bool]:
+    """For each user prompt of a transcript: whether it is the last message."""
+    prompts: list[bool] = []
+    for message in messages:
+        source = message.get("source")
+        if isinstance(source, dict) and source.get("kind") == "prompt":
+            prompts.append(True)
+        elif prompts:
+            prompts[-1] = False
+    return prompts or [False]
 
 
 def _last_tool_result(messages: Iterable[JSONObject]) -> tuple[bool, str] | None:
@@ -218,8 +249,10 @@ def make_payment_tool(
     marker: Path | None = None,
     announce: Callable[[str], object] = print,
     hang_for: float | None = None,
+    needs_approval: bool = False,
 ) -> Tool:
-    """Build the side-effecting ``send_payment`` tool.
+    """Build the side-effecting ``send_payment`` tool (with *needs_approval*, each call waits
+    for a person's yes).
 
     The effect is one JSON line appended (and fsynced) to *ledger*, or, without a ledger, one
     line given to *announce*. The call id goes with it as the idempotency key that a real
@@ -247,7 +280,29 @@ def make_payment_tool(
         description="Pay an invoice. Each call moves money: it is not safe to repeat.",
         parameters=PAYMENT_PARAMETERS,
         effect=SIDE_EFFECTING,
+        needs_approval=needs_approval,
     )
+
+
+class _HangWhenApproved:
+    """Stops a call that ran under an approval before it starts: the yes is durable (the
+    agent flushed it), the ``tool/call`` only appended. It writes the marker, then waits."""
+
+    name = "kai-demo-hang-when-approved"
+
+    def __init__(self, marker: Path | None, hang_for: float | None) -> None:
+        self.marker = marker
+        self.hang_for = hang_for
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def tools_execute(self, execution: ToolExecution) -> Generator[None, ToolThunk, ToolThunk]:
+        inner = yield
+
+        async def hanging() -> ToolResult:
+            await _hang(self.marker, "approved", self.hang_for)
+            return await inner()
+
+        return hanging
 
 
 @asynccontextmanager
@@ -265,6 +320,7 @@ async def demo_host(
     lease_ttl: float | None = None,
     provider: str = PROVIDER,
     adapter: ModelAdapter | None = None,
+    needs_approval: bool = False,
 ) -> AsyncIterator[tuple[Host, Store]]:
     """Open a host for the demo agent; yield it with the backend of the store *root*.
 
@@ -272,7 +328,8 @@ async def demo_host(
     :func:`~kai_session_checkpoint_policy.persistence.open_store` chooses for *root*, then
     (with *use_policy*) the checkpoint policy and its invariant companion, then
     *extra_plugins*. The scripted model (or *adapter*, a real one) is registered for
-    *provider*, and the ``send_payment`` tool is registered.
+    *provider*, and the ``send_payment`` tool is registered (needing a person's yes with
+    *needs_approval*, and the scripted model then asks for it again at each prompt).
     *batch_window* is the backend's: how long an event may wait for a background batch;
     *lease_ttl* the PostgreSQL lease's. *hang_for* bounds the wait at *hang_at*.
     """
@@ -280,11 +337,16 @@ async def demo_host(
     plugins: list[object] = [backend]
     if use_policy:
         plugins += [policy, invariant]
+    if hang_at == "approved":
+        plugins.append(_HangWhenApproved(marker, hang_for))
     plugins += extra_plugins
     async with Host(plugins, autoload=False) as host:
         if adapter is None:
             adapter = ScriptedModel(
-                hang_at_request=hang_at == "request", marker=marker, hang_for=hang_for
+                hang_at_request=hang_at == "request",
+                marker=marker,
+                hang_for=hang_for,
+                ask_each_prompt=needs_approval,
             )
         host.llm.register_adapter(provider, adapter)
         host.tools.register(
@@ -294,6 +356,7 @@ async def demo_host(
                 marker=marker,
                 announce=announce,
                 hang_for=hang_for,
+                needs_approval=needs_approval,
             )
         )
         yield host, backend
@@ -314,8 +377,15 @@ async def run_agent(
     provider: str = PROVIDER,
     model: str = MODEL,
     adapter: ModelAdapter | None = None,
+    approver: Approver | None = None,
+    show_pending: Callable[[list[ApprovalQuestion]], object] | None = None,
 ) -> TurnOutcome:
     """Run one scripted turn for a new session *session_id* in the store *root*.
+
+    With an *approver*, ``send_payment`` needs a person's yes, which *approver* asks for, and
+    a session that exists already is resumed (recovered first) instead of refused: its turn
+    starts with *show_pending* given the questions a crash or a stop left unanswered (never
+    taken as a yes; the person is asked again when the model asks again).
 
     With *adapter*, a real model answers instead of the script: it is registered for
     *provider*, and the agent asks it for *model*. After the turn the session is flushed once
@@ -334,11 +404,21 @@ async def run_agent(
         lease_ttl=lease_ttl,
         provider=provider,
         adapter=adapter,
+        needs_approval=approver is not None,
     ) as (host, _backend):
-        session = host.sessions.create(session_id)
-        agent = Agent(host, session, provider=provider, model=model)
-        outcome = await agent.run_turn(PROMPT)
-        await host.sessions.flush(session)
+        if approver is None:
+            session = host.sessions.create(session_id)
+        else:
+            session = await host.sessions.open(session_id)
+        agent = Agent(host, session, provider=provider, model=model, approver=approver)
+        pending = agent.pending_approvals()
+        if pending and show_pending is not None:
+            show_pending(pending)
+        try:
+            outcome = await agent.run_turn(PROMPT)
+        finally:
+            with anyio.CancelScope(shield=True):  # a stopped turn is on disk as it ended
+                await host.sessions.flush(session)
     return outcome
 
 

@@ -33,6 +33,15 @@ whose result is not is answered ``TOOL_OUTCOME_UNKNOWN``, one the log proves nev
 ``TOOL_NOT_STARTED``, and :meth:`~CheckpointSession.get_items` hands the model that answer as
 the call's ``function_call_output``, so the SDK neither drops the call nor runs it again.
 
+Tools that need a person's approval (``needs_approval``) are asked about durably. A run that
+stops with approval items (``RunResult.interruptions``) saves their calls; the integration then
+appends an ``approval/asked`` for each, ends the turn with the calls unanswered, and makes it
+durable before the run returns. The run that goes on from the ``RunState`` appends the yes
+(``approval/decided``) and makes it durable before the call's ``tool/call`` and body; a
+rejection is recorded with the output the SDK gives the model. After a crash,
+:meth:`CheckpointSession.pending_approvals` gives the questions nobody answered (never taken as
+a yes) and :meth:`CheckpointSession.standing_approvals` the answers given that no call used.
+
 The SDK is asyncio-based, and so is this integration: use it on asyncio only. One run at a
 time per session; function tools are recorded and checkpointed, other local tool kinds
 (computer, shell, apply-patch) and hosted tools are not.
@@ -67,10 +76,17 @@ from ..contract import (
     text_block,
     tool_call_block,
 )
-from ..effects import READ_ONLY, WORST_EFFECT, effect_class, idempotency_key
+from ..effects import (
+    IDEMPOTENCY_KEY_ARGUMENT,
+    READ_ONLY,
+    WORST_EFFECT,
+    effect_class,
+    idempotency_key,
+)
 from ..host import AbortController, Agent, Host, PreStep, Tool, ToolExecution, error_message
+from ..host.approvals import ApprovalQuestion
 from ..persistence import DEFAULT_BATCH_WINDOW, interrupted_turn_closers, open_store
-from ..results import TextBlock, ToolResult, error_result
+from ..results import UNKNOWN_IDEMPOTENCY_KEY, ErrorInfo, TextBlock, ToolResult, error_result
 
 if TYPE_CHECKING:
     import os
@@ -199,6 +215,9 @@ class CheckpointSession:
         self._responded = False  # the hooks recorded a response in the open or last turn
         self._run_started = False  # get_items was called since the last turn began
         self._call_seqs: dict[str, int] = {}  # the seq of each tool/call of the open turn
+        self._approving: set[str] = set()  # the tools that may need approval, as last seen
+        self._approval_turn = False  # the open turn answers calls of an earlier turn's response
+        self._named_keys: dict[str, str] = {}  # the key a retry named, by its call id
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -252,7 +271,13 @@ class CheckpointSession:
         """
         session = self.log
         if self._turn is not None:
-            self._close_open_turn()
+            answered = not any(
+                closer.type == "tool/result" for closer in interrupted_turn_closers(session.events)
+            )
+            if self._approval_turn and answered:
+                self._end_turn()  # its approved calls ran: the model is asked in a turn of its own
+            else:
+                self._close_open_turn()
         self._run_started = True
         items = _transcript(session.events)
         if limit is not None:
@@ -267,6 +292,7 @@ class CheckpointSession:
         are not recorded again.
         """
         session = self.log
+        await self._record_approvals([_mapping(item) for item in items])
         inputs = [item for item in map(_mapping, items) if _is_input_message(item)]
         if len(inputs) < len(items) and not self._responded:
             raise RuntimeError(
@@ -302,9 +328,88 @@ class CheckpointSession:
             "start a session with a new id instead"
         )
 
+    # -- approvals ---------------------------------------------------------------------------
+
+    def pending_approvals(self) -> list[ApprovalQuestion]:
+        """The questions asked and never answered, oldest first: after a crash or a stop while
+        a person was deciding, ask them again (none is ever taken as a yes)."""
+        return [asked.question for asked in _approvals_in(self.log).values() if asked.pending]
+
+    def standing_approvals(self) -> dict[str, bool]:
+        """The answers given that no call has acted on yet (a crash came between), by call id:
+        approve or reject those calls in the ``RunState`` without asking again."""
+        return {
+            call_id: asked.outcome == "allowed-once"
+            for call_id, asked in _approvals_in(self.log).items()
+            if asked.standing
+        }
+
+    async def _record_approvals(self, items: list[Mapping[str, Any]]) -> None:
+        """Record what the items the SDK saves say of approvals: calls it saved without running
+        them (the run stops for approval) are asked about and their turn ends; an output it
+        saves for a call still waiting is a rejection."""
+        approvals = _approvals_in(self.log)
+        waiting = [
+            item
+            for item in items
+            if item.get("type") == "function_call"
+            and item.get("name") in self._approving
+            and str(item.get("call_id")) not in self._call_seqs
+            and self._turn is not None
+        ]
+        for item in waiting:
+            call_id = str(item.get("call_id"))
+            if call_id in approvals and approvals[call_id].pending:
+                continue
+            question = {
+                "id": f"approval-{call_id}-{len(self.log.events)}",
+                "toolName": str(item.get("name")),
+                "callId": call_id,
+                "arguments": str(item.get("arguments", "")),
+            }
+            self.log.append("approval/asked", question)
+        if waiting:
+            self._end_turn()  # the calls stay unanswered: the run that goes on answers them
+            return
+        for item in items:
+            asked = approvals.get(str(item.get("call_id")))
+            if item.get("type") != "function_call_output" or asked is None:
+                continue
+            if asked.answered or asked.call_id in self._call_seqs:
+                continue
+            if self._turn is None:
+                await self._open_approval_turn()
+            if not (asked.standing and asked.outcome == "rejected"):
+                decided = {"id": asked.question.id, "outcome": "rejected"}
+                self.log.append("approval/decided", decided)
+            output = item.get("output")
+            text = output if isinstance(output, str) else json.dumps(output)
+            self._append_result(asked.call_id, error_result(text))
+
+    async def _open_approval_turn(self) -> None:
+        """Open the turn of a run that goes on from a ``RunState``: it answers the calls an
+        earlier turn's response asked for, which the SDK saves again with their outputs."""
+        await self._open_turn()
+        self._responded = self._approval_turn = True
+
+    async def _approval_of(self, call_id: str) -> str | None:
+        """The decision the approved call *call_id* runs under: the yes that stands for it,
+        else the yes given now, appended and made durable before its ``tool/call``."""
+        asked = _approvals_in(self.log).get(call_id)
+        if asked is None:
+            return None
+        if not (asked.standing and asked.outcome == "allowed-once"):
+            decided = {"id": asked.question.id, "outcome": "allowed-once"}
+            self.log.append("approval/decided", decided)
+            await self._require_host().sessions.flush(self.log)  # the yes, before the call
+        return asked.question.id
+
     # -- what the hooks do -------------------------------------------------------------------
 
     async def _before_request(self, agent: SdkAgent[Any]) -> None:
+        self._approving = {
+            tool.name for tool in agent.tools if getattr(tool, "needs_approval", False) is not False
+        }
         if self._turn is None:
             if not self._run_started:
                 raise CheckpointError(
@@ -393,17 +498,64 @@ class CheckpointSession:
     def idempotency_key(self, tool_call_id: str) -> str:
         """The idempotency key of the call *tool_call_id* of this session, as its ``tool/call``
         records it: a tool body hands it (from ``ToolContext.tool_call_id``) to a provider that
-        deduplicates on it."""
-        return idempotency_key(self.session_id, tool_call_id)
+        deduplicates on it. For a retry that named the key of an earlier call (a tool
+        parameter ``idempotency_key``), that key."""
+        named = self._named_keys.get(tool_call_id)
+        return named if named is not None else idempotency_key(self.session_id, tool_call_id)
+
+    def _named_key(self, name: str, arguments: str) -> str | None:
+        """The key a retry's *arguments* name (``idempotency_key``), if it is the key of an
+        earlier call of the tool *name* in this session.
+
+        :raises ValueError: naming the key, if it is not.
+        """
+        parsed = _parse(arguments)
+        named = parsed.get(IDEMPOTENCY_KEY_ARGUMENT) if isinstance(parsed, dict) else None
+        if named is None:
+            return None
+        issued = any(
+            event.data.get("idempotencyKey") == named and event.data.get("name") == name
+            for event in self.log.events.select({"tool/call"})
+        )
+        if not (isinstance(named, str) and issued):
+            raise ValueError(
+                f"{IDEMPOTENCY_KEY_ARGUMENT} {named!r} is not the key of an earlier call of "
+                f"{name!r} in this session; leave it out for a new call"
+            )
+        return named
 
     async def _before_tool(self, context: ToolContext[Any]) -> None:
         session, host = self.log, self._require_host()
-        turn = self._require_turn()
         call_id, name, arguments = context.tool_call_id, context.tool_name, context.tool_arguments
+        waited = call_id in _approvals_in(session)
+        if waited and self._turn is None:  # a run going on from a RunState, for its approvals
+            await self._open_approval_turn()
+        turn = self._require_turn()
+        approval_id = await self._approval_of(call_id) if waited else None
         effect = self._effects.get(name, WORST_EFFECT)
+        try:
+            named = None if effect == READ_ONLY else self._named_key(name, arguments)
+        except ValueError as exc:
+            refusal = error_result(
+                str(exc), ErrorInfo("IdempotencyKeyError", UNKNOWN_IDEMPOTENCY_KEY)
+            )
+            self._append_result(call_id, refusal)
+            raise CheckpointError(
+                f"session {self.session_id!r}: tool call {call_id!r} ({name}) was not "
+                f"dispatched, its body did not run: {exc}"
+            ) from exc
+        if named is not None:
+            self._named_keys[call_id] = named
         key = None if effect == READ_ONLY else self.idempotency_key(call_id)
         data = eventdata.tool_call(
-            turn, self._step, call_id, name, arguments, effect=effect, idempotency_key=key
+            turn,
+            self._step,
+            call_id,
+            name,
+            arguments,
+            effect=effect,
+            idempotency_key=key,
+            approval_id=approval_id,
         )
         self._call_seqs[call_id] = session.append("tool/call", data).seq
         if host.tools.get(name) is None:
@@ -453,7 +605,7 @@ class CheckpointSession:
         session.append("turn/start", eventdata.turn_start(turn))
         self._turn, self._step, self._step_open, self._requested = turn, 0, False, False
         self._responded, self._run_started, self._call_seqs = False, False, {}
-        self._inputs = 0
+        self._inputs, self._approval_turn = 0, False
         await self._enter_step(1)
 
     async def _enter_step(self, step: int) -> None:
@@ -511,6 +663,68 @@ class CheckpointSession:
                 f"session {self.session_id!r} is not open: use it inside 'async with'"
             )
         return self._host
+
+
+# -- approvals in the log ----------------------------------------------------------------------
+
+
+class _Asked:
+    """The latest approval question of one call, and where it got to."""
+
+    __slots__ = ("answered", "outcome", "question", "used")
+
+    def __init__(self, question: ApprovalQuestion) -> None:
+        self.question = question
+        self.outcome: str | None = None  # the latest decision
+        self.used = False  # a tool/call ran under the decision
+        self.answered = False  # a tool/result answers the call
+
+    @property
+    def call_id(self) -> str:
+        return self.question.call_id
+
+    @property
+    def pending(self) -> bool:
+        return self.outcome not in _FINAL and not self.answered
+
+    @property
+    def standing(self) -> bool:
+        return self.outcome in _FINAL and not self.used and not self.answered
+
+
+_FINAL: Final = frozenset({"allowed-once", "rejected"})
+_APPROVAL_EVENTS: Final = frozenset(
+    {"approval/asked", "approval/decided", "tool/call", "tool/result"}
+)
+
+
+def _approvals_in(session: Session) -> dict[str, _Asked]:
+    """The latest approval question of each call of *session*, by call id, in asking order."""
+    by_call: dict[str, _Asked] = {}
+    by_question: dict[str, _Asked] = {}
+    for event in session.events.select(_APPROVAL_EVENTS):
+        data = event.data
+        if event.type == "approval/asked":
+            question_id, call_id = data.get("id"), data.get("callId")
+            name, arguments = data.get("toolName"), data.get("arguments", "")
+            if isinstance(question_id, str) and isinstance(call_id, str) and isinstance(name, str):
+                text = arguments if isinstance(arguments, str) else ""
+                asked = _Asked(ApprovalQuestion(question_id, call_id, name, text))
+                by_call[call_id] = by_question[question_id] = asked
+        elif event.type == "approval/decided":
+            decided = by_question.get(str(data.get("id")))
+            outcome = data.get("outcome")
+            if decided is not None and isinstance(outcome, str):
+                decided.outcome = outcome
+        elif event.type == "tool/call":
+            used = by_question.get(str(data.get("approvalId")))
+            if used is not None:
+                used.used = True
+        else:
+            answered = by_call.get(eventdata.result_call_id(data) or "")
+            if answered is not None:
+                answered.answered = True
+    return by_call
 
 
 # -- the host's innermost implementations ------------------------------------------------------

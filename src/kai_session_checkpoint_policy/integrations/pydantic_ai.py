@@ -25,9 +25,28 @@ Every message of a run is recorded in the events the reference agent writes: ``t
 ``step/start``, ``user/message``, ``request/header`` and ``request/context`` (once per opened
 session), ``assistant/message`` (text, reasoning and tool-call blocks), ``tool/call``,
 ``tool/result``, ``step/end``, ``turn/end``. Every tool call the model asked for ends with one
-``tool/result``, so ``message_history`` never ends with a call left to run: after a crash, a call
+``tool/result`` (but a call a run deferred, which waits for the run that answers it), so
+``message_history`` never ends with a call left to run by accident: after a crash, a call
 that started answers ``TOOL_OUTCOME_UNKNOWN`` (its effect may have happened), one that provably
 never started ``TOOL_NOT_STARTED``, and Pydantic AI runs neither again. The model decides.
+
+Tools that need a person's approval (``requires_approval=True``, Pydantic AI's deferred tools)
+are asked about durably. A run that ends with :class:`~pydantic_ai.tools.DeferredToolRequests`
+appends an ``approval/asked`` for each call awaiting approval, leaves the call unanswered in the
+log (it is still to run or not), and makes both durable before the run returns, so before anyone
+is asked. The run that carries the answers (``deferred_tool_results``) appends the
+``approval/decided`` of a yes and makes it durable before the ``tool/call`` is appended and the
+body runs; a no is recorded (``"rejected"``) with the denial Pydantic AI gives the model. After a
+crash, :meth:`PydanticAISession.pending_approvals` gives the questions nobody answered, as
+Pydantic AI's requests, to ask again (never taken as a yes), and
+:meth:`PydanticAISession.standing_approvals` the answers given and not yet acted on, to pass to
+the next run without asking twice.
+
+A retry may name the key of the call it repeats: a tool that declares a parameter
+``idempotency_key`` receives it from the model, and when it is the key of an earlier call of the
+same tool in the session, :func:`current_idempotency_key` returns it (and ``tool/call`` records
+it) instead of a new one. A key the session never gave that tool is sent back to the model as a
+retry prompt, and the body does not run.
 
 Runs of one session go one at a time. Pydantic AI runs on asyncio; so does this integration
 (Pydantic AI does not run under trio).
@@ -44,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -58,12 +78,15 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_graph import End
 
 from .. import eventdata, invariant, policy
 from ..contract import BlockEnd, BlockStart, Finish, PreStepDecision, ReasoningDelta, Usage
 from ..contract import text_block as _text_block
 from ..contract import tool_call_block as _tool_call_block
 from ..effects import (
+    IDEMPOTENCY_KEY_ARGUMENT,
     READ_ONLY,
     WORST_EFFECT,
     effect_class,
@@ -95,7 +118,7 @@ if TYPE_CHECKING:
     )
     from pydantic_ai.models import ModelRequestContext
     from pydantic_ai.run import AgentRunResult
-    from pydantic_ai.tools import RunContext, ToolDefinition
+    from pydantic_ai.tools import RunContext, ToolApproved, ToolDefinition, ToolDenied
 
     from ..contract import StreamChunk
     from ..effects import EffectClass
@@ -230,12 +253,39 @@ class PydanticAISession:
         """The session's messages as Pydantic AI's, for a run's ``message_history``.
 
         Built from the log each time it is read: after a crash, it holds the recovery's results,
-        so it never ends with a tool call left to run. A result that failed in a known way (the
+        so it never ends with a tool call left to run, but for the calls a run deferred (they
+        wait for the answers of ``deferred_tool_results``). A result that failed in a known way (the
         recovery's ``TOOL_OUTCOME_UNKNOWN`` and ``TOOL_NOT_STARTED`` among them) is a failed tool
         return whose content begins with its code in brackets, and whose ``metadata`` holds
         ``{"error": {"name": ..., "code": ...}}``.
         """
         return history_of(self._recorder.session.events)
+
+    def pending_approvals(self) -> DeferredToolRequests | None:
+        """The calls whose approval was asked and never answered, as Pydantic AI's requests
+        (``None`` if there are none).
+
+        After a crash or a stop while a person was deciding, ask again and pass the answers to
+        the next run as ``deferred_tool_results``, with ``message_history``: nothing here is
+        ever taken as a yes.
+        """
+        waiting = [
+            ToolCallPart(asked.tool_name, asked.arguments or None, tool_call_id=asked.call_id)
+            for asked in _approvals_in(self._recorder.session).values()
+            if asked.pending
+        ]
+        return DeferredToolRequests(approvals=waiting) if waiting else None
+
+    def standing_approvals(self) -> DeferredToolResults | None:
+        """The answers a person gave that no call has acted on yet (a crash came between), as
+        the ``deferred_tool_results`` of the next run: pass them, and nobody is asked twice
+        (``None`` if there are none)."""
+        given: dict[str, bool | ToolApproved | ToolDenied] = {
+            asked.call_id: asked.outcome == "allowed-once"
+            for asked in _approvals_in(self._recorder.session).values()
+            if asked.standing
+        }
+        return DeferredToolResults(approvals=given) if given else None
 
 
 @dataclass
@@ -283,7 +333,9 @@ class SessionCheckpoints(AbstractCapability[Any]):
         args: dict[str, Any],
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        return await self.recorder.tool_execute(call, args, handler, tool_def)
+        return await self.recorder.tool_execute(
+            call, args, handler, tool_def, approved=ctx.tool_call_approved
+        )
 
 
 # -------------------------------------------------------------------------------------------
@@ -382,6 +434,9 @@ class _Turn:
     response: ModelResponse | None = None  # the open step's response
     calls: dict[str, _Call] = field(default_factory=dict)  # its calls, in the model's order
     messages: Sequence[ModelMessage] = ()  # the run's history, as last seen
+    deferred: set[str] = field(default_factory=set)  # calls left for a later run to answer
+    asking: list[ToolCallPart] = field(default_factory=list)  # of them, those to approve
+    carried: set[str] = field(default_factory=set)  # calls of an earlier run, answered in this
 
 
 class _SessionHost:
@@ -417,6 +472,7 @@ class _SessionHost:
         try:
             result = await handler()
             turn.messages = result.all_messages()
+            _defer(turn, result.output)
             reason = {"kind": "completed"}
         except Exception as exc:
             reason = {"kind": "error", "error": {"message": error_message(exc), "code": "UNKNOWN"}}
@@ -434,7 +490,11 @@ class _SessionHost:
         turn = self._current()
         if isinstance(node, ModelRequestNode) and turn.step == 0:
             turn.resuming = bool(getattr(node, "is_resuming_without_prompt", False))
+        if isinstance(node, CallToolsNode) and not turn.step_open:
+            await self._carry_over(turn, node.model_response)
         result = await handler(node)
+        if isinstance(result, End):
+            _defer(turn, getattr(result.data, "output", None))
         if isinstance(node, CallToolsNode):
             # The step ends with its tool calls: answer each before the next step's checkpoint.
             turn.messages = ctx.messages
@@ -456,19 +516,7 @@ class _SessionHost:
         request = last if isinstance(last, ModelRequest) else None
         self._close_step(turn, () if request is None else request.parts)
         session = self.session
-        turn.step += 1
-        step = turn.step
-        decide = cast(
-            "PreStepThunk",
-            self.host.pm.hook.agent_pre_step(
-                step=_Step(self.agent, turn.number, step), host=self.host
-            ),
-        )
-        decision = await decide()
-        if decision.kind == "reject":
-            raise RuntimeError(f"the step was rejected: {decision.reason}")
-        session.append("step/start", eventdata.step_data(turn.number, step))
-        turn.step_open = True
+        step = await self._open_step(turn)
         if request is not None and not (step == 1 and turn.resuming):
             self._record_request(turn, request)
         model = request_context.model
@@ -516,6 +564,43 @@ class _SessionHost:
             turn.calls[call.tool_call_id] = _Call(call.tool_call_id, call.tool_name)
         return response
 
+    async def _carry_over(self, turn: _Turn, response: ModelResponse) -> None:
+        """Open a step for the calls of an earlier run that this one answers (the run resumes
+        with ``deferred_tool_results``): the calls of *response* that a response in the log
+        asked for and that have no result there. Calls of a history from elsewhere stay
+        unrecorded, and are refused when they are about to run."""
+        asked: set[str] = set()
+        for event in self.session.events.select({"assistant/message", "tool/result"}):
+            if event.type == "assistant/message":
+                asked.update(eventdata.tool_call_ids(event.data))
+            else:
+                asked.discard(eventdata.result_call_id(event.data) or "")
+        carried = [call for call in response.tool_calls if call.tool_call_id in asked]
+        if not carried:
+            return
+        await self._open_step(turn)
+        turn.response = response
+        for call in carried:
+            turn.calls[call.tool_call_id] = _Call(call.tool_call_id, call.tool_name)
+            turn.carried.add(call.tool_call_id)
+
+    async def _open_step(self, turn: _Turn) -> int:
+        """Run the pre-step checkpoint, then append the next ``step/start``; return its step."""
+        turn.step += 1
+        step = turn.step
+        decide = cast(
+            "PreStepThunk",
+            self.host.pm.hook.agent_pre_step(
+                step=_Step(self.agent, turn.number, step), host=self.host
+            ),
+        )
+        decision = await decide()
+        if decision.kind == "reject":
+            raise RuntimeError(f"the step was rejected: {decision.reason}")
+        self.session.append("step/start", eventdata.step_data(turn.number, step))
+        turn.step_open = True
+        return step
+
     def _record_request(self, turn: _Turn, request: ModelRequest) -> None:
         """Append the messages of *request* that are not already in the log."""
         texts = [text for part in request.parts for text in _prompt_texts(part)]
@@ -535,6 +620,8 @@ class _SessionHost:
         args: dict[str, Any],
         handler: WrapToolExecuteHandler,
         tool_def: ToolDefinition | None = None,
+        *,
+        approved: bool = False,
     ) -> Any:
         turn = self._current()
         record = turn.calls.get(call.tool_call_id) if turn.step_open else None
@@ -546,7 +633,16 @@ class _SessionHost:
             )
         effect = _effect_of(tool_def, trusted=self.trust_annotations)
         key = None if effect == READ_ONLY else idempotency_key(self.session.id, call.tool_call_id)
+        named = args.get(IDEMPOTENCY_KEY_ARGUMENT)
+        if named is not None and effect != READ_ONLY:
+            if not self._issued(named, call.tool_name):
+                raise ModelRetry(
+                    f"{IDEMPOTENCY_KEY_ARGUMENT} {named!r} is not the key of an earlier call of "
+                    f"{call.tool_name!r} in this session; leave it out for a new call"
+                )
+            key = named
         record.effect, record.key = effect, key
+        approval_id = await self._approval_for(call.tool_call_id) if approved else None
         data = eventdata.tool_call(
             turn.number,
             turn.step,
@@ -555,6 +651,7 @@ class _SessionHost:
             call.args_as_json_str(),
             effect=effect,
             idempotency_key=key,
+            approval_id=approval_id,
         )
         record.call_seq = self.session.append("tool/call", data).seq
         values: list[Any] = []
@@ -584,6 +681,24 @@ class _SessionHost:
             return "".join(block.text for block in result.content)
         return values[0]
 
+    def _issued(self, key: object, tool_name: str) -> bool:
+        """Whether *key* is the idempotency key of an earlier call of *tool_name* here."""
+        return isinstance(key, str) and any(
+            event.data.get("idempotencyKey") == key and event.data.get("name") == tool_name
+            for event in self.session.events.select({"tool/call"})
+        )
+
+    async def _approval_for(self, call_id: str) -> str | None:
+        """The decision an approved call runs under: the yes that stands for it, else the yes
+        given now, appended and made durable before its ``tool/call`` (fail-closed)."""
+        asked = _approvals_in(self.session).get(call_id)
+        if asked is None:
+            return None  # approved without a question recorded here (from another history)
+        if not (asked.standing and asked.outcome == "allowed-once"):
+            self.session.append("approval/decided", _decided(asked.question_id, "allowed-once"))
+            await self.host.sessions.flush(self.session)  # the yes, before the call starts
+        return asked.question_id
+
     def _answer(self, turn: _Turn, record: _Call, result: ToolResult) -> None:
         """Append the ``tool/result`` of *record*, citing its ``tool/call`` if it has one."""
         turn.calls.pop(record.call_id, None)
@@ -605,8 +720,19 @@ class _SessionHost:
             for part in parts
             if isinstance(part, (ToolReturnPart, RetryPromptPart))
         }
+        approvals = _approvals_in(self.session) if turn.asking or turn.carried else {}
         for record in list(turn.calls.values()):
             part = given.get(record.call_id)
+            waiting = record.call_id in turn.deferred or record.call_id in turn.carried
+            if part is None and waiting and not record.started and record.error is None:
+                turn.calls.pop(record.call_id)  # still to run, or not: a later run answers it
+                self._ask(turn, record.call_id, approvals)
+                continue
+            asked = approvals.get(record.call_id)
+            denied = isinstance(part, ToolReturnPart) and part.outcome == "denied"
+            if denied and asked and not (asked.standing and asked.outcome == "rejected"):
+                decided = _decided(asked.question_id, "rejected")
+                self.session.append("approval/decided", decided)
             if part is not None:
                 result = _result_of(part)
             elif record.error is not None:
@@ -618,6 +744,92 @@ class _SessionHost:
             self._answer(turn, record, result)
         turn.step_open, turn.response = False, None
         self.session.append("step/end", eventdata.step_data(turn.number, turn.step))
+
+    def _ask(self, turn: _Turn, call_id: str, approvals: dict[str, _Asked]) -> None:
+        """Append the ``approval/asked`` of a call this run left waiting for approval, unless
+        its question is already pending."""
+        call = next((call for call in turn.asking if call.tool_call_id == call_id), None)
+        earlier = approvals.get(call_id)
+        if call is None or (earlier is not None and earlier.pending):
+            return
+        question_id = f"approval-{call_id}-{len(self.session.events)}"
+        data: JSONObject = {
+            "id": question_id,
+            "toolName": call.tool_name,
+            "callId": call_id,
+            "arguments": call.args_as_json_str(),
+        }
+        self.session.append("approval/asked", data)
+
+
+def _defer(turn: _Turn, output: object) -> None:
+    """Leave the calls a run's *output* defers (``DeferredToolRequests``) to a later run."""
+    if isinstance(output, DeferredToolRequests):
+        turn.deferred = {call.tool_call_id for call in (*output.approvals, *output.calls)}
+        turn.asking = list(output.approvals)
+
+
+@dataclass
+class _Asked:
+    """The latest approval question of one call, and where it got to."""
+
+    question_id: str
+    call_id: str
+    tool_name: str
+    arguments: str
+    outcome: str | None = None  # the latest decision
+    used: bool = False  # a tool/call ran under the decision
+    answered: bool = False  # a tool/result answers the call
+
+    @property
+    def pending(self) -> bool:
+        """Asked, and no person answered: to be asked again."""
+        return self.outcome not in _FINAL and not self.answered
+
+    @property
+    def standing(self) -> bool:
+        """Answered, and no call acted on the answer yet."""
+        return self.outcome in _FINAL and not self.used and not self.answered
+
+
+_FINAL: Final = frozenset({"allowed-once", "rejected"})
+_APPROVAL_EVENTS: Final = frozenset(
+    {"approval/asked", "approval/decided", "tool/call", "tool/result"}
+)
+
+
+def _approvals_in(session: Session) -> dict[str, _Asked]:
+    """The latest approval question of each call of *session*, by call id, in asking order."""
+    by_call: dict[str, _Asked] = {}
+    by_question: dict[str, _Asked] = {}
+    for event in session.events.select(_APPROVAL_EVENTS):
+        data = event.data
+        if event.type == "approval/asked":
+            question_id, call_id = data.get("id"), data.get("callId")
+            name, arguments = data.get("toolName"), data.get("arguments", "")
+            if isinstance(question_id, str) and isinstance(call_id, str) and isinstance(name, str):
+                asked = _Asked(
+                    question_id, call_id, name, arguments if isinstance(arguments, str) else ""
+                )
+                by_call[call_id] = by_question[question_id] = asked
+        elif event.type == "approval/decided":
+            decided = by_question.get(str(data.get("id")))
+            outcome = data.get("outcome")
+            if decided is not None and isinstance(outcome, str):
+                decided.outcome = outcome
+        elif event.type == "tool/call":
+            used = by_question.get(str(data.get("approvalId")))
+            if used is not None:
+                used.used = True
+        else:
+            answered = by_call.get(eventdata.result_call_id(data) or "")
+            if answered is not None:
+                answered.answered = True
+    return by_call
+
+
+def _decided(question_id: str, outcome: str) -> JSONObject:
+    return {"id": question_id, "outcome": outcome}
 
 
 # -------------------------------------------------------------------------------------------
