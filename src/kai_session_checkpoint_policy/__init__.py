@@ -78,6 +78,7 @@ if _typing.TYPE_CHECKING:
         ToolExecution,
         TurnOutcome,
     )
+    from .host.approvals import ApprovalOutcome, ApprovalQuestion, Approver
     from .meta import SessionMeta, SessionMetaError
     from .persistence import (
         CorruptLogError,
@@ -209,6 +210,9 @@ _LAZY: _typing.Final = {
     "SeedMismatchError": ".persistence",
     "EncodingMismatchError": ".persistence",
     "EffectClass": ".effects",
+    "ApprovalQuestion": ".host.approvals",
+    "Approver": ".host.approvals",
+    "ApprovalOutcome": ".host.approvals",
 }
 """Where each name of the package root is defined: imported from there when first used."""
 
@@ -225,6 +229,9 @@ __all__ = [
     "AbortSignalLike",
     "Agent",
     "AgentLike",
+    "ApprovalOutcome",
+    "ApprovalQuestion",
+    "Approver",
     "BlockEnd",
     "BlockStart",
     "CorruptLogError",
