@@ -19,6 +19,7 @@ import json
 import json.encoder
 import math
 import operator
+import zlib
 from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -533,6 +534,10 @@ class StoredEvents(EventSequence):
     log left undecoded; a million chunks nobody reads cost no Python object each. An event
     read once is kept, so reading it again returns the same object.
 
+    A live session keeps its log in one too: each event appended is kept as it is
+    (:meth:`append`), and older ones are kept again in blocks, the text of their data
+    compressed together (:meth:`settle`), made into equal events when one is next read.
+
     Reading a log's events fills it (:meth:`extend`, :meth:`extend_stored`); a reader treats
     it as read-only.
     """
@@ -544,6 +549,29 @@ class StoredEvents(EventSequence):
         self._times = array("q")
         self._items: list[SessionEvent | msgspec.Raw | Deferred] = []
         self.extend(events)
+
+    def append(self, event: SessionEvent) -> None:
+        """Add *event*, which follows the last one (its seq is the number of events so far:
+        the caller makes sure of it)."""
+        self._types.append(event.type)
+        self._times.append(event.time)
+        self._items.append(event)
+
+    def settle(self, start: int, stop: int) -> None:
+        """Keep the events from seq *start* up to *stop* as one block: their types, times and
+        envelope fields, and the texts of their data compressed together. Reading any of
+        them makes them all again, equal to what they were (see :class:`Deferred`).
+
+        For the events a live session appended (all made, each with its data's text), once
+        they are no longer the ones read most; events not made yet are left as they are.
+        """
+        items = self._items
+        events = items[start:stop]
+        if not events or not all(type(item) is SessionEvent for item in events):
+            return
+        made = cast("list[SessionEvent]", events)
+        block = _Settled(start, self._types[start:stop], self._times[start:stop], made)
+        items[start:stop] = [block] * (stop - start)
 
     def extend(self, events: Iterable[SessionEvent]) -> None:
         """Add events that follow the last one.
@@ -657,17 +685,59 @@ class StoredEvents(EventSequence):
                     members = row.events()
                 yield members[seq - members[0].seq]
 
-    def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
-        """The events from seq *start* on whose type is in *types*; the others stay unmade."""
-        found = compress(
-            range(start, len(self._types)), map(types.__contains__, self._types[start:])
-        )
+    def select(
+        self, types: Container[str], start: int = 0, stop: int | None = None
+    ) -> list[SessionEvent]:
+        """The events from seq *start* on (up to *stop*, if given) whose type is in *types*;
+        the others stay unmade."""
+        stop = len(self._types) if stop is None else stop
+        found = compress(range(start, stop), map(types.__contains__, self._types[start:stop]))
         return list(map(self._event, found))
 
     def __add__(self, other: Sequence[SessionEvent]) -> StoredEvents:
         joined = self.copy()
         joined.extend(other)
         return joined
+
+
+_Envelope: TypeAlias = "tuple[SurfaceOp | None, tuple[int, ...] | None, bool, bool]"
+
+
+class _Settled:
+    """Events kept as one block (:meth:`StoredEvents.settle`): the texts of their data, one a
+    line, compressed together; their types, times, and the envelope fields of those that
+    have more than the four."""
+
+    __slots__ = ("_envelopes", "_first", "_texts", "_times", "_types")
+
+    def __init__(
+        self, first: int, types: list[str], times: array[int], events: list[SessionEvent]
+    ) -> None:
+        texts = []
+        envelopes: dict[int, _Envelope] = {}
+        for index, event in enumerate(events):
+            text = event.data_json
+            texts.append(_encode(event.data) if text is None else text)
+            if event._envelope is not None:
+                envelopes[index] = event._envelope
+        # Compact JSON holds no raw newline: one text a line. Lone surrogates are carried as
+        # they are read back from a log.
+        joined = "\n".join(texts).encode("utf-8", "surrogatepass")
+        self._texts = zlib.compress(joined, 1)
+        self._first, self._types, self._times = first, tuple(types), times
+        self._envelopes = envelopes or None
+
+    def events(self) -> list[SessionEvent]:
+        texts = zlib.decompress(self._texts).split(b"\n")
+        envelopes = self._envelopes or {}
+        first, times, made = self._first, self._times, []
+        for index, event_type in enumerate(self._types):
+            event = SessionEvent.__new__(SessionEvent)
+            event.type, event.seq, event.time = event_type, first + index, times[index]
+            event._data, event._encoded = _UNREAD, texts[index]
+            event._envelope = envelopes.get(index)
+            made.append(event)
+        return made
 
 
 def envelope_problem(

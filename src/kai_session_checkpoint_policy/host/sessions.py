@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from itertools import chain, islice
+from itertools import islice
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 import anyio
@@ -47,6 +47,13 @@ __all__ = [
 SEED_END: Final = "session/end-seed"
 """The event that marks the end of a fork's seed."""
 
+_KEPT_MADE: Final = 256
+"""How many of the latest events appended live a session keeps as they were made (the ones
+read most: the turn under way); older ones are kept in blocks, as a loaded log keeps its
+events (:meth:`StoredEvents.settle`)."""
+_SETTLED_AT_ONCE: Final = 512
+"""How many events make one block."""
+
 
 def epoch_ms() -> int:
     """The current time in Unix epoch milliseconds, the unit of ``SessionEvent.time``."""
@@ -82,56 +89,46 @@ class _StoreHost(Protocol):
 class SessionEvents(EventSequence):
     """A snapshot of a session's log: it does not change as the session goes on.
 
-    It holds the events the session started with (a loaded log's, made into objects only as
-    they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`) and those
-    appended since, up to when it was taken; taking one copies nothing.
+    It holds the session's log (see :class:`~kai_session_checkpoint_policy.events.StoredEvents`:
+    a loaded log's events are made into objects only as they are read, and so are the older
+    events appended live) up to its length when the snapshot was taken; taking one copies
+    nothing.
     """
 
-    __slots__ = ("_appended", "_count", "_stored")
+    __slots__ = ("_count", "_log")
 
-    def __init__(
-        self, stored: Sequence[SessionEvent], appended: list[SessionEvent], count: int
-    ) -> None:
-        self._stored, self._appended, self._count = stored, appended, count
+    def __init__(self, log: StoredEvents, count: int) -> None:
+        self._log, self._count = log, count
 
     def __len__(self) -> int:
-        return len(self._stored) + self._count
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> SessionEvent: ...
     @overload
     def __getitem__(self, index: slice) -> tuple[SessionEvent, ...]: ...
     def __getitem__(self, index: int | slice) -> SessionEvent | tuple[SessionEvent, ...]:
-        stored = len(self._stored)
         if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
+            start, stop, step = index.indices(self._count)
             if step != 1:
                 return tuple(self[i] for i in range(start, stop, step))
-            head = tuple(self._stored[start:stop]) if start < stored else ()
-            tail = self._appended[max(start - stored, 0) : max(stop - stored, 0)]
-            return (*head, *tail)
-        position = index + len(self) if index < 0 else index
-        if not 0 <= position < len(self):
+            return self._log[start:stop] if start < stop else ()
+        position = index + self._count if index < 0 else index
+        if not 0 <= position < self._count:
             raise IndexError("session event index out of range")
-        if position < stored:
-            return self._stored[position]
-        return self._appended[position - stored]
+        return self._log[position]
 
     def __iter__(self) -> Iterator[SessionEvent]:
-        return chain(self._stored, islice(self._appended, self._count))
+        return islice(self._log, self._count)
 
     def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
         """The events from seq *start* on whose type is in *types*.
 
-        Of a loaded log, only the events selected are made into objects.
+        Only the events selected are made into objects.
         """
-        stored = self._stored
-        if isinstance(stored, StoredEvents):
-            found = stored.select(types, start) if start < len(stored) else []
-        else:
-            found = [event for event in stored[start:] if event.type in types]
-        appended = self._appended[max(start - len(stored), 0) : self._count]
-        return found + [event for event in appended if event.type in types]
+        if start >= self._count:
+            return []
+        return self._log.select(types, max(start, 0), self._count)
 
 
 class Session:
@@ -143,10 +140,11 @@ class Session:
 
     __slots__ = (
         "__weakref__",
-        "_appended",
         "_clock",
+        "_log",
         "_on_append",
-        "_stored",
+        "_settled",
+        "_shared",
         "first_live_seq",
         "id",
         "meta",
@@ -176,19 +174,24 @@ class Session:
         if meta is not None and not isinstance(meta, SessionMeta):
             raise SessionError(f"meta must be a SessionMeta, not {meta!r}")
         self.id = session_id
-        # A loaded log's events are kept as they are (they are contiguous from seq 0).
-        self._stored: Sequence[SessionEvent]
+        # The whole log, in columns: a loaded log's events as they were read, then those
+        # appended. A loaded log is copied when the first event is appended, so that the
+        # caller's is never changed.
+        self._log: StoredEvents
+        self._shared = isinstance(events, StoredEvents)
         if isinstance(events, StoredEvents):
-            self._stored = events
+            self._log = events
         else:
-            self._stored = tuple(events)
-            for index, event in enumerate(self._stored):
+            initial = tuple(events)
+            for index, event in enumerate(initial):
                 if event.seq != index:
                     raise SessionError(
                         f"session {session_id!r}: events must be contiguous from seq 0, "
                         f"but event {index} has seq {event.seq}"
                     )
-        self._appended: list[SessionEvent] = []
+            self._log = StoredEvents(initial)
+        # Events from this seq on were appended here and are still kept as made: see append.
+        self._settled = len(self._log)
         self._clock = clock
         self._on_append = None
         meta = SessionMeta() if meta is None else meta
@@ -198,7 +201,7 @@ class Session:
                 meta = replace(meta, created_at=now)
         self.meta: SessionMeta = meta
         """The creation metadata; a persistence backend writes it into the log's header."""
-        if mark_seed and not (self._stored and self._stored[-1].type == SEED_END):
+        if mark_seed and not (self._log and self._log.types[-1] == SEED_END):
             self.append(SEED_END, {})
         self.seed_stored = False
         """Whether the events the session started with are its log just loaded from the
@@ -214,12 +217,12 @@ class Session:
     @property
     def seq(self) -> int:
         """The seq the next event will get: the number of events in the log."""
-        return len(self._stored) + len(self._appended)
+        return len(self._log)
 
     @property
     def events(self) -> SessionEvents:
         """A snapshot of the log."""
-        return SessionEvents(self._stored, self._appended, len(self._appended))
+        return SessionEvents(self._log, len(self._log))
 
     def append(
         self,
@@ -245,8 +248,10 @@ class Session:
         :raises SessionError: if the type is unknown and the event not ignorable, or the
             surface fields do not fit the event; nothing is appended.
         """
-        appended = self._appended
-        seq = len(self._stored) + len(appended)
+        if self._shared:
+            self._log, self._shared = self._log.copy(), False
+        log = self._log
+        seq = len(log)
         if (
             surface_op is None
             and source_event_seqs is None
@@ -276,7 +281,13 @@ class Session:
             event = SessionEvent(
                 event_type, seq, self._time(seq), copy, encoded, surface_op, sources, ignorable
             )
-        appended.append(event)
+        log.append(event)
+        if seq - self._settled >= _KEPT_MADE + _SETTLED_AT_ONCE:
+            # Older events are kept as their data's JSON text alone: a long live log holds
+            # about what the same log loaded from storage does, not an object, a copy of its
+            # data and its text per event. Any of them read again is made again, equal.
+            log.settle(self._settled, seq - _KEPT_MADE)
+            self._settled = seq - _KEPT_MADE
         if self._on_append is not None:
             self._on_append(self, event)
         return event
