@@ -66,6 +66,12 @@ def append_mixed(session: Session, count: int) -> list[SessionEvent]:
     return made
 
 
+def made_events() -> int:
+    """How many event objects exist in this process."""
+    gc.collect()
+    return sum(isinstance(item, SessionEvent) for item in gc.get_objects())
+
+
 def same(event: SessionEvent, expected: SessionEvent) -> None:
     assert event == expected
     assert (event.encode(), event.data_json, event.surface_op_first) == (
@@ -114,8 +120,11 @@ async def test_live_copies_and_the_resumed_log_equal_what_was_appended(tmp_path:
         made = append_mixed(session, 2_500)
         made.append(session.append("turn/end", {"turn": 1, "reason": {"kind": "completed"}}))
         await host.sessions.flush(session)
+        kept = made_events()
         loaded = await backend.load("s")  # live here: copies
         assert list(loaded.events) == made
+        del loaded
+        assert made_events() == kept  # copied without making the live log's older events
         await host.sessions.close(session)
     async with Host([JsonlSessionPersistence(tmp_path)], autoload=False) as host:
         resumed = await host.sessions.resume("s")

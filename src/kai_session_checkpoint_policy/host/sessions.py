@@ -121,6 +121,16 @@ class SessionEvents(EventSequence):
     def __iter__(self) -> Iterator[SessionEvent]:
         return islice(self._log, self._count)
 
+    def fresh(self, seqs: Iterable[int]) -> Iterator[SessionEvent]:
+        """The events at *seqs* (each below the snapshot's length), made for the caller and
+        not kept in the log: see :meth:`StoredEvents.fresh`."""
+        return self._log.fresh(map(self._checked, seqs))
+
+    def _checked(self, seq: int) -> int:
+        if not 0 <= seq < self._count:
+            raise IndexError("session event index out of range")
+        return seq
+
     def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
         """The events from seq *start* on whose type is in *types*.
 
