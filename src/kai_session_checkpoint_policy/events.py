@@ -539,9 +539,8 @@ class StoredEvents(EventSequence):
     log left undecoded; a million chunks nobody reads cost no Python object each. An event
     read once is kept, so reading it again returns the same object.
 
-    A live session keeps its log in one too: each event appended is kept as it is
-    (:meth:`append`), and older ones are kept again in blocks, the text of their data
-    compressed together (:meth:`settle`), made into equal events when one is next read.
+    A live session keeps its older events in one too, in blocks, the texts of their data
+    compressed together (:meth:`extend_settled`), made into equal events when one is read.
 
     Reading a log's events fills it (:meth:`extend`, :meth:`extend_stored`); a reader treats
     it as read-only.
@@ -555,28 +554,27 @@ class StoredEvents(EventSequence):
         self._items: list[SessionEvent | msgspec.Raw | Deferred] = []
         self.extend(events)
 
-    def append(self, event: SessionEvent) -> None:
-        """Add *event*, which follows the last one (its seq is the number of events so far:
-        the caller makes sure of it)."""
-        self._types.append(event.type)
-        self._times.append(event.time)
-        self._items.append(event)
-
-    def settle(self, start: int, stop: int) -> None:
-        """Keep the events from seq *start* up to *stop* as one block: their types, times and
+    def extend_settled(self, events: Sequence[SessionEvent]) -> None:
+        """Add events that follow the last one, kept as one block: their types, times and
         envelope fields, and the texts of their data compressed together. Reading any of
-        them makes them all again, equal to what they were (see :class:`Deferred`).
+        them makes them all again, equal to what they were, and keeps them (as the members of
+        a packed row are: see :class:`Deferred`).
 
-        For the events a live session appended (all made, each with its data's text), once
-        they are no longer the ones read most; events not made yet are left as they are.
+        For the events a live session appended, once they are no longer the ones read most.
+
+        :raises ValueError: if their seqs do not continue from the number of events so far.
         """
-        items = self._items
-        events = items[start:stop]
-        if not events or not all(type(item) is SessionEvent for item in events):
+        first = len(self._items)
+        if not events:
             return
-        made = cast("list[SessionEvent]", events)
-        block = _Settled(start, self._types[start:stop], self._times[start:stop], made)
-        items[start:stop] = [block] * (stop - start)
+        if events[0].seq != first or events[-1].seq != first + len(events) - 1:
+            raise ValueError(f"stored events must continue from seq {first}, in order")
+        types = list(map(_type_of, events))
+        times = array("q", map(_time_of, events))
+        block = _Settled(first, types, times, events)
+        self._types += types
+        self._times += times
+        self._items += [block] * len(events)
 
     def extend(self, events: Iterable[SessionEvent]) -> None:
         """Add events that follow the last one.
@@ -707,20 +705,22 @@ class StoredEvents(EventSequence):
 
 _Envelope: TypeAlias = "tuple[SurfaceOp | None, tuple[int, ...] | None, bool, bool]"
 _encoded_of: Final = operator.attrgetter("_encoded")
+_type_of: Final = operator.attrgetter("type")
+_time_of: Final = operator.attrgetter("time")
 _data_json_of: Final = operator.attrgetter("data_json")
 _envelope_of: Final = operator.attrgetter("_envelope")
 
 
 class _Settled:
-    """Events kept as one block (:meth:`StoredEvents.settle`): the texts of their data, one a
-    line, compressed together (Zstandard, its fastest level: a block of 512 chunks takes
+    """Events kept as one block (:meth:`StoredEvents.extend_settled`): the texts of their
+    data, one a line, compressed together (Zstandard, its fastest level: a block of 512 chunks takes
     tens of microseconds, and texts as alike as a response's chunks shrink many times over);
     their types, times, and the envelope fields of those that have more than the four."""
 
     __slots__ = ("_envelopes", "_first", "_texts", "_times", "_types")
 
     def __init__(
-        self, first: int, types: list[str], times: array[int], events: list[SessionEvent]
+        self, first: int, types: list[str], times: array[int], events: Sequence[SessionEvent]
     ) -> None:
         texts = list(map(_encoded_of, events))
         envelopes = list(map(_envelope_of, events))

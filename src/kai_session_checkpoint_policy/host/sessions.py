@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 import anyio
@@ -49,10 +49,10 @@ SEED_END: Final = "session/end-seed"
 
 _KEPT_MADE: Final = 256
 """How many of the latest events appended live a session keeps as they were made (the ones
-read most: the turn under way); older ones are kept in blocks, as a loaded log keeps its
-events (:meth:`StoredEvents.settle`)."""
+read most: the turn under way)."""
 _SETTLED_AT_ONCE: Final = 512
-"""How many events make one block."""
+"""How many of the older events appended live are settled into one block at a time, kept as
+a loaded log keeps its events (:meth:`StoredEvents.extend_settled`)."""
 
 
 def epoch_ms() -> int:
@@ -89,56 +89,86 @@ class _StoreHost(Protocol):
 class SessionEvents(EventSequence):
     """A snapshot of a session's log: it does not change as the session goes on.
 
-    It holds the session's log (see :class:`~kai_session_checkpoint_policy.events.StoredEvents`:
-    a loaded log's events are made into objects only as they are read, and so are the older
-    events appended live) up to its length when the snapshot was taken; taking one copies
-    nothing.
+    It holds the events the session started with (a loaded log's, made into objects only as
+    they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`), the older
+    events appended since (kept the same way, in blocks), and the latest ones, up to when it
+    was taken; taking one copies nothing.
     """
 
-    __slots__ = ("_count", "_log")
+    __slots__ = ("_appended", "_count", "_stored", "_stored_count")
 
-    def __init__(self, log: StoredEvents, count: int) -> None:
-        self._log, self._count = log, count
+    def __init__(
+        self,
+        stored: Sequence[SessionEvent],
+        appended: list[SessionEvent],
+        count: int,
+        stored_count: int | None = None,
+    ) -> None:
+        self._stored, self._appended, self._count = stored, appended, count
+        # The events of *stored* that are the snapshot's (a session's stored events grow as
+        # its older appended events are settled: a snapshot keeps the list it was taken with).
+        self._stored_count = len(stored) if stored_count is None else stored_count
 
     def __len__(self) -> int:
-        return self._count
+        return self._stored_count + self._count
 
     @overload
     def __getitem__(self, index: int) -> SessionEvent: ...
     @overload
     def __getitem__(self, index: slice) -> tuple[SessionEvent, ...]: ...
     def __getitem__(self, index: int | slice) -> SessionEvent | tuple[SessionEvent, ...]:
+        stored = self._stored_count
         if isinstance(index, slice):
-            start, stop, step = index.indices(self._count)
+            start, stop, step = index.indices(len(self))
             if step != 1:
                 return tuple(self[i] for i in range(start, stop, step))
-            return self._log[start:stop] if start < stop else ()
-        position = index + self._count if index < 0 else index
-        if not 0 <= position < self._count:
+            head = tuple(self._stored[start : min(stop, stored)]) if start < stored else ()
+            tail = self._appended[max(start - stored, 0) : max(stop - stored, 0)]
+            return (*head, *tail)
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
             raise IndexError("session event index out of range")
-        return self._log[position]
+        if position < stored:
+            return self._stored[position]
+        return self._appended[position - stored]
 
     def __iter__(self) -> Iterator[SessionEvent]:
-        return islice(self._log, self._count)
+        stored = self._stored
+        head = stored if len(stored) == self._stored_count else islice(stored, self._stored_count)
+        return chain(head, islice(self._appended, self._count))
 
     def fresh(self, seqs: Iterable[int]) -> Iterator[SessionEvent]:
-        """The events at *seqs* (each below the snapshot's length), made for the caller and
-        not kept in the log: see :meth:`StoredEvents.fresh`."""
-        return self._log.fresh(map(self._checked, seqs))
+        """The events at *seqs*, in that order, made for the caller and not kept: of the
+        stored events not made yet, each is made anew (see :meth:`StoredEvents.fresh`).
+
+        :raises IndexError: for a seq the snapshot does not hold.
+        """
+        stored, count = self._stored, self._stored_count
+        if not isinstance(stored, StoredEvents):
+            return map(self.__getitem__, map(self._checked, seqs))
+        return (
+            next(stored.fresh((seq,))) if seq < count else self[seq]
+            for seq in map(self._checked, seqs)
+        )
 
     def _checked(self, seq: int) -> int:
-        if not 0 <= seq < self._count:
+        if type(seq) is not int or not 0 <= seq < len(self):
             raise IndexError("session event index out of range")
         return seq
 
     def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
         """The events from seq *start* on whose type is in *types*.
 
-        Only the events selected are made into objects.
+        Of the stored events, only those selected are made into objects.
         """
-        if start >= self._count:
-            return []
-        return self._log.select(types, max(start, 0), self._count)
+        stored, count = self._stored, self._stored_count
+        start = max(start, 0)
+        if isinstance(stored, StoredEvents):
+            found = stored.select(types, start, count) if start < count else []
+        else:
+            found = [event for event in stored[start:count] if event.type in types]
+        appended = self._appended[max(start - count, 0) : self._count]
+        return found + [event for event in appended if event.type in types]
 
 
 class Session:
@@ -150,11 +180,11 @@ class Session:
 
     __slots__ = (
         "__weakref__",
+        "_appended",
         "_clock",
-        "_log",
         "_on_append",
-        "_settled",
         "_shared",
+        "_stored",
         "first_live_seq",
         "id",
         "meta",
@@ -184,24 +214,21 @@ class Session:
         if meta is not None and not isinstance(meta, SessionMeta):
             raise SessionError(f"meta must be a SessionMeta, not {meta!r}")
         self.id = session_id
-        # The whole log, in columns: a loaded log's events as they were read, then those
-        # appended. A loaded log is copied when the first event is appended, so that the
-        # caller's is never changed.
-        self._log: StoredEvents
-        self._shared = isinstance(events, StoredEvents)
+        # A loaded log's events are kept as they are (they are contiguous from seq 0).
+        self._stored: Sequence[SessionEvent]
         if isinstance(events, StoredEvents):
-            self._log = events
+            self._stored = events
         else:
-            initial = tuple(events)
-            for index, event in enumerate(initial):
+            self._stored = tuple(events)
+            for index, event in enumerate(self._stored):
                 if event.seq != index:
                     raise SessionError(
                         f"session {session_id!r}: events must be contiguous from seq 0, "
                         f"but event {index} has seq {event.seq}"
                     )
-            self._log = StoredEvents(initial)
-        # Events from this seq on were appended here and are still kept as made: see append.
-        self._settled = len(self._log)
+        # Whether _stored is the caller's own StoredEvents: copied before it is extended.
+        self._shared = isinstance(self._stored, StoredEvents)
+        self._appended: list[SessionEvent] = []
         self._clock = clock
         self._on_append = None
         meta = SessionMeta() if meta is None else meta
@@ -211,7 +238,7 @@ class Session:
                 meta = replace(meta, created_at=now)
         self.meta: SessionMeta = meta
         """The creation metadata; a persistence backend writes it into the log's header."""
-        if mark_seed and not (self._log and self._log.types[-1] == SEED_END):
+        if mark_seed and not (self._stored and self._stored[-1].type == SEED_END):
             self.append(SEED_END, {})
         self.seed_stored = False
         """Whether the events the session started with are its log just loaded from the
@@ -227,12 +254,13 @@ class Session:
     @property
     def seq(self) -> int:
         """The seq the next event will get: the number of events in the log."""
-        return len(self._log)
+        return len(self._stored) + len(self._appended)
 
     @property
     def events(self) -> SessionEvents:
         """A snapshot of the log."""
-        return SessionEvents(self._log, len(self._log))
+        stored = self._stored
+        return SessionEvents(stored, self._appended, len(self._appended), len(stored))
 
     def append(
         self,
@@ -258,10 +286,8 @@ class Session:
         :raises SessionError: if the type is unknown and the event not ignorable, or the
             surface fields do not fit the event; nothing is appended.
         """
-        if self._shared:
-            self._log, self._shared = self._log.copy(), False
-        log = self._log
-        seq = len(log)
+        appended = self._appended
+        seq = len(self._stored) + len(appended)
         if (
             surface_op is None
             and source_event_seqs is None
@@ -291,16 +317,30 @@ class Session:
             event = SessionEvent(
                 event_type, seq, self._time(seq), copy, encoded, surface_op, sources, ignorable
             )
-        log.append(event)
-        if seq - self._settled >= _KEPT_MADE + _SETTLED_AT_ONCE:
-            # Older events are kept as their data's JSON text alone: a long live log holds
-            # about what the same log loaded from storage does, not an object, a copy of its
-            # data and its text per event. Any of them read again is made again, equal.
-            log.settle(self._settled, seq - _KEPT_MADE)
-            self._settled = seq - _KEPT_MADE
+        appended.append(event)
+        if len(appended) >= _KEPT_MADE + _SETTLED_AT_ONCE:
+            self._settle()
         if self._on_append is not None:
             self._on_append(self, event)
         return event
+
+    def _settle(self) -> None:
+        """Move the oldest of the events appended here to the stored events, as one block
+        (:meth:`StoredEvents.extend_settled`): a long live log then holds about what the
+        same log loaded from storage does, rather than an object, a copy of its data and its
+        text per event. Any of them read again is made again, equal.
+
+        The latest events go on in a new list: a snapshot taken before keeps the old one.
+        """
+        stored = self._stored
+        if not isinstance(stored, StoredEvents):
+            stored = StoredEvents(stored)
+        elif self._shared:
+            stored = stored.copy()
+        self._stored, self._shared = stored, False
+        appended = self._appended
+        stored.extend_settled(appended[:_SETTLED_AT_ONCE])
+        self._appended = appended[_SETTLED_AT_ONCE:]
 
     def _time(self, seq: int) -> int:
         """The clock's time for the event *seq*, if a log can hold it; else nothing is appended.
