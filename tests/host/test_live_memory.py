@@ -106,6 +106,12 @@ def test_a_live_log_reads_back_equal_events_after_its_older_ones_are_settled() -
     assert snapshot.select({"tool/result"}, 1_000) == [
         e for e in replaced if 1_000 <= e.seq < 3_000
     ]
+    kept = made_events()
+    assert list(events.fresh(range(len(events)))) == made + more
+    assert list(snapshot.fresh([2_999, 3, 1_500])) == [made[2_999], made[3], made[1_500]]
+    assert made_events() == kept  # made for the caller, not kept in the log
+    with pytest.raises(IndexError, match="session event index out of range"):
+        list(snapshot.fresh([3_000]))
     fresh = Session("t")
     appended = append_mixed(fresh, 3_000)
     assert [event.seq for event in fresh.events.select({"vendor/note"}, 2_900)] == [

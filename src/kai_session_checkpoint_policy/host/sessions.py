@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from itertools import chain, islice
+from itertools import chain, groupby, islice
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 import anyio
@@ -144,12 +144,19 @@ class SessionEvents(EventSequence):
         :raises IndexError: for a seq the snapshot does not hold.
         """
         stored, count = self._stored, self._stored_count
+        checked = map(self._checked, seqs)
         if not isinstance(stored, StoredEvents):
-            return map(self.__getitem__, map(self._checked, seqs))
-        return (
-            next(stored.fresh((seq,))) if seq < count else self[seq]
-            for seq in map(self._checked, seqs)
-        )
+            return map(self.__getitem__, checked)
+        return self._fresh(stored, count, checked)
+
+    def _fresh(
+        self, stored: StoredEvents, count: int, seqs: Iterator[int]
+    ) -> Iterator[SessionEvent]:
+        # Each run of stored seqs goes to the stored events at once, so that a block is made
+        # once for a run through it, not once for each of its events.
+        for in_stored, run in groupby(seqs, count.__gt__):
+            made = stored.fresh(run) if in_stored else map(self.__getitem__, run)  # noqa: B031
+            yield from made
 
     def _checked(self, seq: int) -> int:
         if type(seq) is not int or not 0 <= seq < len(self):
