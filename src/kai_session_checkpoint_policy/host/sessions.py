@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
-from itertools import chain, islice
+from itertools import chain, groupby, islice
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 import anyio
@@ -47,6 +47,13 @@ __all__ = [
 SEED_END: Final = "session/end-seed"
 """The event that marks the end of a fork's seed."""
 
+_KEPT_MADE: Final = 256
+"""How many of the latest events appended live a session keeps as they were made (the ones
+read most: the turn under way)."""
+_SETTLED_AT_ONCE: Final = 512
+"""How many of the older events appended live are settled into one block at a time, kept as
+a loaded log keeps its events (:meth:`StoredEvents.extend_settled`)."""
+
 
 def epoch_ms() -> int:
     """The current time in Unix epoch milliseconds, the unit of ``SessionEvent.time``."""
@@ -83,31 +90,39 @@ class SessionEvents(EventSequence):
     """A snapshot of a session's log: it does not change as the session goes on.
 
     It holds the events the session started with (a loaded log's, made into objects only as
-    they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`) and those
-    appended since, up to when it was taken; taking one copies nothing.
+    they are read: see :class:`~kai_session_checkpoint_policy.events.StoredEvents`), the older
+    events appended since (kept the same way, in blocks), and the latest ones, up to when it
+    was taken; taking one copies nothing.
     """
 
-    __slots__ = ("_appended", "_count", "_stored")
+    __slots__ = ("_appended", "_count", "_stored", "_stored_count")
 
     def __init__(
-        self, stored: Sequence[SessionEvent], appended: list[SessionEvent], count: int
+        self,
+        stored: Sequence[SessionEvent],
+        appended: list[SessionEvent],
+        count: int,
+        stored_count: int | None = None,
     ) -> None:
         self._stored, self._appended, self._count = stored, appended, count
+        # The events of *stored* that are the snapshot's (a session's stored events grow as
+        # its older appended events are settled: a snapshot keeps the list it was taken with).
+        self._stored_count = len(stored) if stored_count is None else stored_count
 
     def __len__(self) -> int:
-        return len(self._stored) + self._count
+        return self._stored_count + self._count
 
     @overload
     def __getitem__(self, index: int) -> SessionEvent: ...
     @overload
     def __getitem__(self, index: slice) -> tuple[SessionEvent, ...]: ...
     def __getitem__(self, index: int | slice) -> SessionEvent | tuple[SessionEvent, ...]:
-        stored = len(self._stored)
+        stored = self._stored_count
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return tuple(self[i] for i in range(start, stop, step))
-            head = tuple(self._stored[start:stop]) if start < stored else ()
+            head = tuple(self._stored[start : min(stop, stored)]) if start < stored else ()
             tail = self._appended[max(start - stored, 0) : max(stop - stored, 0)]
             return (*head, *tail)
         position = index + len(self) if index < 0 else index
@@ -118,19 +133,48 @@ class SessionEvents(EventSequence):
         return self._appended[position - stored]
 
     def __iter__(self) -> Iterator[SessionEvent]:
-        return chain(self._stored, islice(self._appended, self._count))
+        stored = self._stored
+        head = stored if len(stored) == self._stored_count else islice(stored, self._stored_count)
+        return chain(head, islice(self._appended, self._count))
+
+    def fresh(self, seqs: Iterable[int]) -> Iterator[SessionEvent]:
+        """The events at *seqs*, in that order, made for the caller and not kept: of the
+        stored events not made yet, each is made anew (see :meth:`StoredEvents.fresh`).
+
+        :raises IndexError: for a seq the snapshot does not hold.
+        """
+        stored, count = self._stored, self._stored_count
+        checked = map(self._checked, seqs)
+        if not isinstance(stored, StoredEvents):
+            return map(self.__getitem__, checked)
+        return self._fresh(stored, count, checked)
+
+    def _fresh(
+        self, stored: StoredEvents, count: int, seqs: Iterator[int]
+    ) -> Iterator[SessionEvent]:
+        # Each run of stored seqs goes to the stored events at once, so that a block is made
+        # once for a run through it, not once for each of its events.
+        for in_stored, run in groupby(seqs, count.__gt__):
+            made = stored.fresh(run) if in_stored else map(self.__getitem__, run)  # noqa: B031
+            yield from made
+
+    def _checked(self, seq: int) -> int:
+        if type(seq) is not int or not 0 <= seq < len(self):
+            raise IndexError("session event index out of range")
+        return seq
 
     def select(self, types: Container[str], start: int = 0) -> list[SessionEvent]:
         """The events from seq *start* on whose type is in *types*.
 
-        Of a loaded log, only the events selected are made into objects.
+        Of the stored events, only those selected are made into objects.
         """
-        stored = self._stored
+        stored, count = self._stored, self._stored_count
+        start = max(start, 0)
         if isinstance(stored, StoredEvents):
-            found = stored.select(types, start) if start < len(stored) else []
+            found = stored.select(types, start, count) if start < count else []
         else:
-            found = [event for event in stored[start:] if event.type in types]
-        appended = self._appended[max(start - len(stored), 0) : self._count]
+            found = [event for event in stored[start:count] if event.type in types]
+        appended = self._appended[max(start - count, 0) : self._count]
         return found + [event for event in appended if event.type in types]
 
 
@@ -146,6 +190,7 @@ class Session:
         "_appended",
         "_clock",
         "_on_append",
+        "_shared",
         "_stored",
         "first_live_seq",
         "id",
@@ -188,6 +233,8 @@ class Session:
                         f"session {session_id!r}: events must be contiguous from seq 0, "
                         f"but event {index} has seq {event.seq}"
                     )
+        # Whether _stored is the caller's own StoredEvents: copied before it is extended.
+        self._shared = isinstance(self._stored, StoredEvents)
         self._appended: list[SessionEvent] = []
         self._clock = clock
         self._on_append = None
@@ -219,7 +266,8 @@ class Session:
     @property
     def events(self) -> SessionEvents:
         """A snapshot of the log."""
-        return SessionEvents(self._stored, self._appended, len(self._appended))
+        stored = self._stored
+        return SessionEvents(stored, self._appended, len(self._appended), len(stored))
 
     def append(
         self,
@@ -277,9 +325,29 @@ class Session:
                 event_type, seq, self._time(seq), copy, encoded, surface_op, sources, ignorable
             )
         appended.append(event)
+        if len(appended) >= _KEPT_MADE + _SETTLED_AT_ONCE:
+            self._settle()
         if self._on_append is not None:
             self._on_append(self, event)
         return event
+
+    def _settle(self) -> None:
+        """Move the oldest of the events appended here to the stored events, as one block
+        (:meth:`StoredEvents.extend_settled`): a long live log then holds about what the
+        same log loaded from storage does, rather than an object, a copy of its data and its
+        text per event. Any of them read again is made again, equal.
+
+        The latest events go on in a new list: a snapshot taken before keeps the old one.
+        """
+        stored = self._stored
+        if not isinstance(stored, StoredEvents):
+            stored = StoredEvents(stored)
+        elif self._shared:
+            stored = stored.copy()
+        self._stored, self._shared = stored, False
+        appended = self._appended
+        stored.extend_settled(appended[:_SETTLED_AT_ONCE])
+        self._appended = appended[_SETTLED_AT_ONCE:]
 
     def _time(self, seq: int) -> int:
         """The clock's time for the event *seq*, if a log can hold it; else nothing is appended.

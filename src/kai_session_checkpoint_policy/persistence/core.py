@@ -813,7 +813,11 @@ class WriteBehind(ABC, Generic[H]):
                     # Copies: a reader changing what it loaded changes neither the live
                     # session nor what it will write.
                     header = writer.header or SessionHeader(session_id, events[0].time)
-                    loaded = tuple(event.copy() for event in events)
+                    # Made for the copy and not kept: the live log's older events stay in
+                    # its compact form (a session's events have ``fresh``).
+                    fresh = getattr(events, "fresh", None)
+                    source = events if fresh is None else fresh(range(len(events)))
+                    loaded = tuple(event.copy() for event in source)
                     return StoredLog(header, loaded, (), 0, self._location(log))
                 # Live, and nothing written here yet: its log is what is stored, and a log
                 # under a live session is never repaired (the session goes on from it).
