@@ -34,6 +34,7 @@ control character in them escaped (:func:`printable`); ``--json`` output is ASCI
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -907,5 +908,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {_problem(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
+        return 130
+    except asyncio.CancelledError:
+        # Python 3.10's runner meets Ctrl-C by cancelling the main task, and the cancellation
+        # is all that comes out (from 3.11 on, KeyboardInterrupt). Nothing else cancels it.
+        if tuple(sys.version_info) >= (3, 11):
+            raise
         return 130
     return status
