@@ -36,10 +36,13 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
+from ..eventdata import result_call_id
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..events import JSON, JSONObject
+    from .sessions import SessionEvents
 
 __all__ = [
     "APPROVAL_OUTCOMES",
@@ -47,6 +50,8 @@ __all__ = [
     "ApprovalOutcome",
     "ApprovalQuestion",
     "Approver",
+    "CallApproval",
+    "approvals_by_call",
 ]
 
 ApprovalOutcome: TypeAlias = Literal["allowed-once", "rejected", "cancelled", "unavailable"]
@@ -135,6 +140,65 @@ class ApprovalLedger:
     def standing(self, tool_name: str, arguments: str) -> tuple[str, ApprovalOutcome] | None:
         """The id and outcome of an answer given for this call and not used yet, if any."""
         return self._standing.get(call_key(tool_name, arguments))
+
+
+class CallApproval:
+    """The latest approval question of one call, and where it got to (a framework that keeps
+    a call's id across the run that answers it follows its approvals by that id)."""
+
+    __slots__ = ("answered", "outcome", "question", "used")
+
+    def __init__(self, question: ApprovalQuestion) -> None:
+        self.question = question
+        self.outcome: str | None = None  # the latest decision
+        self.used = False  # a tool/call ran under the decision
+        self.answered = False  # a tool/result answers the call
+
+    @property
+    def call_id(self) -> str:
+        return self.question.call_id
+
+    @property
+    def pending(self) -> bool:
+        """Asked, and no person answered: to be asked again."""
+        return self.outcome not in _FINAL and not self.answered
+
+    @property
+    def standing(self) -> bool:
+        """Answered, and no call acted on the answer yet."""
+        return self.outcome in _FINAL and not self.used and not self.answered
+
+
+_APPROVAL_EVENTS: Final = frozenset(
+    {"approval/asked", "approval/decided", "tool/call", "tool/result"}
+)
+
+
+def approvals_by_call(events: SessionEvents) -> dict[str, CallApproval]:
+    """The latest approval question of each call in *events*, by call id, in asking order."""
+    by_call: dict[str, CallApproval] = {}
+    by_question: dict[str, CallApproval] = {}
+    for event in events.select(_APPROVAL_EVENTS):
+        data = event.data
+        if event.type == "approval/asked":
+            question = _question_of(data)
+            if question is not None:
+                asked = CallApproval(question)
+                by_call[question.call_id] = by_question[question.id] = asked
+        elif event.type == "approval/decided":
+            decided = by_question.get(str(data.get("id")))
+            outcome = data.get("outcome")
+            if decided is not None and isinstance(outcome, str):
+                decided.outcome = outcome
+        elif event.type == "tool/call":
+            used = by_question.get(str(data.get("approvalId")))
+            if used is not None:
+                used.used = True
+        else:
+            answered = by_call.get(result_call_id(data) or "")
+            if answered is not None:
+                answered.answered = True
+    return by_call
 
 
 def _question_of(data: JSONObject) -> ApprovalQuestion | None:

@@ -84,7 +84,7 @@ from ..effects import (
     idempotency_key,
 )
 from ..host import AbortController, Agent, Host, PreStep, Tool, ToolExecution, error_message
-from ..host.approvals import ApprovalQuestion
+from ..host.approvals import ApprovalQuestion, approvals_by_call
 from ..persistence import DEFAULT_BATCH_WINDOW, interrupted_turn_closers, open_store
 from ..results import UNKNOWN_IDEMPOTENCY_KEY, ErrorInfo, TextBlock, ToolResult, error_result
 
@@ -333,14 +333,16 @@ class CheckpointSession:
     def pending_approvals(self) -> list[ApprovalQuestion]:
         """The questions asked and never answered, oldest first: after a crash or a stop while
         a person was deciding, ask them again (none is ever taken as a yes)."""
-        return [asked.question for asked in _approvals_in(self.log).values() if asked.pending]
+        return [
+            asked.question for asked in approvals_by_call(self.log.events).values() if asked.pending
+        ]
 
     def standing_approvals(self) -> dict[str, bool]:
         """The answers given that no call has acted on yet (a crash came between), by call id:
         approve or reject those calls in the ``RunState`` without asking again."""
         return {
             call_id: asked.outcome == "allowed-once"
-            for call_id, asked in _approvals_in(self.log).items()
+            for call_id, asked in approvals_by_call(self.log.events).items()
             if asked.standing
         }
 
@@ -348,7 +350,7 @@ class CheckpointSession:
         """Record what the items the SDK saves say of approvals: calls it saved without running
         them (the run stops for approval) are asked about and their turn ends; an output it
         saves for a call still waiting is a rejection."""
-        approvals = _approvals_in(self.log)
+        approvals = approvals_by_call(self.log.events)
         waiting = [
             item
             for item in items
@@ -395,7 +397,7 @@ class CheckpointSession:
     async def _approval_of(self, call_id: str) -> str | None:
         """The decision the approved call *call_id* runs under: the yes that stands for it,
         else the yes given now, appended and made durable before its ``tool/call``."""
-        asked = _approvals_in(self.log).get(call_id)
+        asked = approvals_by_call(self.log.events).get(call_id)
         if asked is None:
             return None
         if not (asked.standing and asked.outcome == "allowed-once"):
@@ -527,7 +529,7 @@ class CheckpointSession:
     async def _before_tool(self, context: ToolContext[Any]) -> None:
         session, host = self.log, self._require_host()
         call_id, name, arguments = context.tool_call_id, context.tool_name, context.tool_arguments
-        waited = call_id in _approvals_in(session)
+        waited = call_id in approvals_by_call(session.events)
         if waited and self._turn is None:  # a run going on from a RunState, for its approvals
             await self._open_approval_turn()
         turn = self._require_turn()
@@ -663,68 +665,6 @@ class CheckpointSession:
                 f"session {self.session_id!r} is not open: use it inside 'async with'"
             )
         return self._host
-
-
-# -- approvals in the log ----------------------------------------------------------------------
-
-
-class _Asked:
-    """The latest approval question of one call, and where it got to."""
-
-    __slots__ = ("answered", "outcome", "question", "used")
-
-    def __init__(self, question: ApprovalQuestion) -> None:
-        self.question = question
-        self.outcome: str | None = None  # the latest decision
-        self.used = False  # a tool/call ran under the decision
-        self.answered = False  # a tool/result answers the call
-
-    @property
-    def call_id(self) -> str:
-        return self.question.call_id
-
-    @property
-    def pending(self) -> bool:
-        return self.outcome not in _FINAL and not self.answered
-
-    @property
-    def standing(self) -> bool:
-        return self.outcome in _FINAL and not self.used and not self.answered
-
-
-_FINAL: Final = frozenset({"allowed-once", "rejected"})
-_APPROVAL_EVENTS: Final = frozenset(
-    {"approval/asked", "approval/decided", "tool/call", "tool/result"}
-)
-
-
-def _approvals_in(session: Session) -> dict[str, _Asked]:
-    """The latest approval question of each call of *session*, by call id, in asking order."""
-    by_call: dict[str, _Asked] = {}
-    by_question: dict[str, _Asked] = {}
-    for event in session.events.select(_APPROVAL_EVENTS):
-        data = event.data
-        if event.type == "approval/asked":
-            question_id, call_id = data.get("id"), data.get("callId")
-            name, arguments = data.get("toolName"), data.get("arguments", "")
-            if isinstance(question_id, str) and isinstance(call_id, str) and isinstance(name, str):
-                text = arguments if isinstance(arguments, str) else ""
-                asked = _Asked(ApprovalQuestion(question_id, call_id, name, text))
-                by_call[call_id] = by_question[question_id] = asked
-        elif event.type == "approval/decided":
-            decided = by_question.get(str(data.get("id")))
-            outcome = data.get("outcome")
-            if decided is not None and isinstance(outcome, str):
-                decided.outcome = outcome
-        elif event.type == "tool/call":
-            used = by_question.get(str(data.get("approvalId")))
-            if used is not None:
-                used.used = True
-        else:
-            answered = by_call.get(eventdata.result_call_id(data) or "")
-            if answered is not None:
-                answered.answered = True
-    return by_call
 
 
 # -- the host's innermost implementations ------------------------------------------------------

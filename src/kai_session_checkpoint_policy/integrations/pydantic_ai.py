@@ -95,6 +95,7 @@ from ..effects import (
 )
 from ..hookspecs import hookimpl
 from ..host import Host
+from ..host.approvals import CallApproval, approvals_by_call
 from ..host.tools import error_message
 from ..persistence import WriteBehind, open_store
 from ..results import (
@@ -270,8 +271,12 @@ class PydanticAISession:
         ever taken as a yes.
         """
         waiting = [
-            ToolCallPart(asked.tool_name, asked.arguments or None, tool_call_id=asked.call_id)
-            for asked in _approvals_in(self._recorder.session).values()
+            ToolCallPart(
+                asked.question.tool_name,
+                asked.question.arguments or None,
+                tool_call_id=asked.call_id,
+            )
+            for asked in approvals_by_call(self._recorder.session.events).values()
             if asked.pending
         ]
         return DeferredToolRequests(approvals=waiting) if waiting else None
@@ -282,7 +287,7 @@ class PydanticAISession:
         (``None`` if there are none)."""
         given: dict[str, bool | ToolApproved | ToolDenied] = {
             asked.call_id: asked.outcome == "allowed-once"
-            for asked in _approvals_in(self._recorder.session).values()
+            for asked in approvals_by_call(self._recorder.session.events).values()
             if asked.standing
         }
         return DeferredToolResults(approvals=given) if given else None
@@ -691,13 +696,13 @@ class _SessionHost:
     async def _approval_for(self, call_id: str) -> str | None:
         """The decision an approved call runs under: the yes that stands for it, else the yes
         given now, appended and made durable before its ``tool/call`` (fail-closed)."""
-        asked = _approvals_in(self.session).get(call_id)
+        asked = approvals_by_call(self.session.events).get(call_id)
         if asked is None:
             return None  # approved without a question recorded here (from another history)
         if not (asked.standing and asked.outcome == "allowed-once"):
-            self.session.append("approval/decided", _decided(asked.question_id, "allowed-once"))
+            self.session.append("approval/decided", _decided(asked.question.id, "allowed-once"))
             await self.host.sessions.flush(self.session)  # the yes, before the call starts
-        return asked.question_id
+        return asked.question.id
 
     def _answer(self, turn: _Turn, record: _Call, result: ToolResult) -> None:
         """Append the ``tool/result`` of *record*, citing its ``tool/call`` if it has one."""
@@ -720,7 +725,7 @@ class _SessionHost:
             for part in parts
             if isinstance(part, (ToolReturnPart, RetryPromptPart))
         }
-        approvals = _approvals_in(self.session) if turn.asking or turn.carried else {}
+        approvals = approvals_by_call(self.session.events) if turn.asking or turn.carried else {}
         for record in list(turn.calls.values()):
             part = given.get(record.call_id)
             waiting = record.call_id in turn.deferred or record.call_id in turn.carried
@@ -731,7 +736,7 @@ class _SessionHost:
             asked = approvals.get(record.call_id)
             denied = isinstance(part, ToolReturnPart) and part.outcome == "denied"
             if denied and asked and not (asked.standing and asked.outcome == "rejected"):
-                decided = _decided(asked.question_id, "rejected")
+                decided = _decided(asked.question.id, "rejected")
                 self.session.append("approval/decided", decided)
             if part is not None:
                 result = _result_of(part)
@@ -745,7 +750,7 @@ class _SessionHost:
         turn.step_open, turn.response = False, None
         self.session.append("step/end", eventdata.step_data(turn.number, turn.step))
 
-    def _ask(self, turn: _Turn, call_id: str, approvals: dict[str, _Asked]) -> None:
+    def _ask(self, turn: _Turn, call_id: str, approvals: dict[str, CallApproval]) -> None:
         """Append the ``approval/asked`` of a call this run left waiting for approval, unless
         its question is already pending."""
         call = next((call for call in turn.asking if call.tool_call_id == call_id), None)
@@ -767,65 +772,6 @@ def _defer(turn: _Turn, output: object) -> None:
     if isinstance(output, DeferredToolRequests):
         turn.deferred = {call.tool_call_id for call in (*output.approvals, *output.calls)}
         turn.asking = list(output.approvals)
-
-
-@dataclass
-class _Asked:
-    """The latest approval question of one call, and where it got to."""
-
-    question_id: str
-    call_id: str
-    tool_name: str
-    arguments: str
-    outcome: str | None = None  # the latest decision
-    used: bool = False  # a tool/call ran under the decision
-    answered: bool = False  # a tool/result answers the call
-
-    @property
-    def pending(self) -> bool:
-        """Asked, and no person answered: to be asked again."""
-        return self.outcome not in _FINAL and not self.answered
-
-    @property
-    def standing(self) -> bool:
-        """Answered, and no call acted on the answer yet."""
-        return self.outcome in _FINAL and not self.used and not self.answered
-
-
-_FINAL: Final = frozenset({"allowed-once", "rejected"})
-_APPROVAL_EVENTS: Final = frozenset(
-    {"approval/asked", "approval/decided", "tool/call", "tool/result"}
-)
-
-
-def _approvals_in(session: Session) -> dict[str, _Asked]:
-    """The latest approval question of each call of *session*, by call id, in asking order."""
-    by_call: dict[str, _Asked] = {}
-    by_question: dict[str, _Asked] = {}
-    for event in session.events.select(_APPROVAL_EVENTS):
-        data = event.data
-        if event.type == "approval/asked":
-            question_id, call_id = data.get("id"), data.get("callId")
-            name, arguments = data.get("toolName"), data.get("arguments", "")
-            if isinstance(question_id, str) and isinstance(call_id, str) and isinstance(name, str):
-                asked = _Asked(
-                    question_id, call_id, name, arguments if isinstance(arguments, str) else ""
-                )
-                by_call[call_id] = by_question[question_id] = asked
-        elif event.type == "approval/decided":
-            decided = by_question.get(str(data.get("id")))
-            outcome = data.get("outcome")
-            if decided is not None and isinstance(outcome, str):
-                decided.outcome = outcome
-        elif event.type == "tool/call":
-            used = by_question.get(str(data.get("approvalId")))
-            if used is not None:
-                used.used = True
-        else:
-            answered = by_call.get(eventdata.result_call_id(data) or "")
-            if answered is not None:
-                answered.answered = True
-    return by_call
 
 
 def _decided(question_id: str, outcome: str) -> JSONObject:
