@@ -95,7 +95,7 @@ from ..effects import (
 )
 from ..hookspecs import hookimpl
 from ..host import Host
-from ..host.approvals import CallApproval, approvals_by_call
+from ..host.approvals import CallApproval, approvals_by_call, decided_data
 from ..host.tools import error_message
 from ..persistence import WriteBehind, open_store
 from ..results import (
@@ -700,7 +700,7 @@ class _SessionHost:
         if asked is None:
             return None  # approved without a question recorded here (from another history)
         if not (asked.standing and asked.outcome == "allowed-once"):
-            self.session.append("approval/decided", _decided(asked.question.id, "allowed-once"))
+            self.session.append("approval/decided", decided_data(asked.question.id, "allowed-once"))
             await self.host.sessions.flush(self.session)  # the yes, before the call starts
         return asked.question.id
 
@@ -736,7 +736,7 @@ class _SessionHost:
             asked = approvals.get(record.call_id)
             denied = isinstance(part, ToolReturnPart) and part.outcome == "denied"
             if denied and asked and not (asked.standing and asked.outcome == "rejected"):
-                decided = _decided(asked.question.id, "rejected")
+                decided = decided_data(asked.question.id, "rejected")
                 self.session.append("approval/decided", decided)
             if part is not None:
                 result = _result_of(part)
@@ -772,10 +772,6 @@ def _defer(turn: _Turn, output: object) -> None:
     if isinstance(output, DeferredToolRequests):
         turn.deferred = {call.tool_call_id for call in (*output.approvals, *output.calls)}
         turn.asking = list(output.approvals)
-
-
-def _decided(question_id: str, outcome: str) -> JSONObject:
-    return {"id": question_id, "outcome": outcome}
 
 
 # -------------------------------------------------------------------------------------------
