@@ -13,7 +13,7 @@ import pytest
 
 from kai_session_checkpoint_policy import Host
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, OsFiles
-from kai_session_checkpoint_policy.persistence.jsonl import backend as jsonl_module
+from kai_session_checkpoint_policy.persistence import core as core_module
 from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
 
 from ..support.persistence_helpers import FailingFiles, GatedFiles
@@ -119,16 +119,42 @@ async def _flush_three_times(backend: JsonlSessionPersistence) -> None:
             await host.sessions.flush(session)
 
 
-async def test_an_awaited_append_on_an_idle_asyncio_loop_is_written_on_the_loop_thread(
-    tmp_path: Path, anyio_backend: str
+async def test_an_awaited_append_on_an_idle_loop_is_written_on_the_loop_thread(
+    tmp_path: Path,
 ) -> None:
     files = ThreadRecordingFiles()
     # A limit no write here reaches, so that only the kind of write and the loop decide.
     await _flush_three_times(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
-    # Creating the file stays off the loop; trio does not tell whether tasks of its current
-    # batch have yet to run.
-    appends = "loop" if anyio_backend == "asyncio" else "worker"
-    assert files.threads == ["worker", appends, appends]
+    # Creating the file stays off the loop. On trio, the appends are written on the loop after
+    # one scheduler round, which shows that no other task was ready.
+    assert files.threads == ["worker", "loop", "loop"]
+
+
+async def test_flushes_of_tasks_ready_together_share_one_write_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Tasks that append and flush one session in the same scheduler round join the first
+    one's flush: one write for all of them, although the loop would let each write inline."""
+    files = ThreadRecordingFiles()
+    backend = JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files)
+    async with Host([backend]) as host:
+        session = host.sessions.create("together")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)
+        go = anyio.Event()
+
+        async def checkpoint(step: int) -> None:
+            await go.wait()
+            session.append("step/start", {"turn": 1, "step": step})
+            await host.sessions.flush(session)
+
+        async with anyio.create_task_group() as group:
+            for step in range(1, 9):
+                group.start_soon(checkpoint, step)
+            await anyio.wait_all_tasks_blocked()
+            go.set()
+    assert files.threads == ["worker", "loop"]  # the log created, then the 8 steps at once
+    assert backend.statistics().batches == 2
 
 
 async def test_after_a_failed_write_the_log_is_read_again_off_the_loop(
@@ -145,27 +171,30 @@ async def test_after_a_failed_write_the_log_is_read_again_off_the_loop(
         with pytest.raises(OSError, match="injected fsync failure"):
             await host.sessions.flush(session)
         await host.sessions.flush(session)  # re-reads the log, then writes the batch again
-    appends = "loop" if anyio_backend == "asyncio" else "worker"
-    assert files.threads == ["worker", appends, "worker"]
+    assert files.threads == ["worker", "loop", "worker"]
     assert backend.statistics().batches == 2
 
 
-async def test_an_asyncio_loop_is_idle_only_while_no_other_task_is_ready(
-    anyio_backend: str,
-) -> None:
+async def test_a_loop_is_idle_only_while_no_other_task_is_ready(anyio_backend: str) -> None:
     await anyio.wait_all_tasks_blocked()
-    assert loop_is_idle() is (anyio_backend == "asyncio")  # trio cannot tell
+    # Trio cannot tell whether tasks of its current batch have yet to run, unless the caller
+    # is just back from a scheduler round.
+    assert loop_is_idle() is (anyio_backend == "asyncio")
+    await anyio.lowlevel.checkpoint()
+    assert loop_is_idle(settled=True)
     async with anyio.create_task_group() as group:
         group.start_soon(anyio.lowlevel.checkpoint)  # ready to run, not yet started
         assert not loop_is_idle()
-    assert loop_is_idle() is (anyio_backend == "asyncio")
+        assert not loop_is_idle(settled=True)
+    await anyio.lowlevel.checkpoint()
+    assert loop_is_idle(settled=True)
 
 
 async def test_an_awaited_flush_writes_in_a_worker_while_another_task_is_ready(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = ThreadRecordingFiles()
-    monkeypatch.setattr(jsonl_module, "loop_is_idle", lambda: False)
+    monkeypatch.setattr(core_module, "loop_is_idle", lambda **_: False)
     await _flush_three_times(JsonlSessionPersistence(tmp_path, inline_write_limit=60, files=files))
     assert files.threads == ["worker", "worker", "worker"]
 
@@ -204,7 +233,7 @@ def test_the_inline_write_limit_must_be_zero_or_more_seconds(limit: float) -> No
         JsonlSessionPersistence("root", inline_write_limit=limit)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio always writes in a worker
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio writes after a scheduler round
 async def test_a_flush_that_writes_on_the_loop_returns_without_a_scheduler_round(
     tmp_path: Path,
 ) -> None:

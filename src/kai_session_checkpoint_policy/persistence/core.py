@@ -42,7 +42,7 @@ from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMism
 from .ids import check_session_id
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
-from .workers import run_in_worker
+from .workers import idle_needs_a_round, loop_is_idle, run_in_worker
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -270,6 +270,7 @@ class WriteBehind(ABC, Generic[H]):
         self._task_group: TaskGroup | None = None
         self._batches = 0
         self._created: dict[str, SessionHeader] = {}  # created here, not yet written
+        self._rounds = 0  # flushes in a scheduler round before they write (_round)
 
     # -- plugin hooks ---------------------------------------------------------------------------
 
@@ -386,7 +387,8 @@ class WriteBehind(ABC, Generic[H]):
         """Where *log* is stored, for messages."""
 
     def _may_write_inline(self, writer: Writer[H]) -> bool:
-        """Whether an awaited write of *writer* may block the event loop's thread (never)."""
+        """Whether an awaited write of *writer* may block the event loop's thread, when no other
+        task is ready to run (never, unless the backend says so)."""
         return False
 
     async def _make_room(self, writer: Writer[H]) -> None:
@@ -518,25 +520,53 @@ class WriteBehind(ABC, Generic[H]):
 
     async def _flush(self, writer: Writer[H]) -> None:
         """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
-        while (barrier := writer.barrier) is not None:
-            await barrier.done.wait()
-            if barrier.error is not None:
-                raise barrier.error
-            if barrier.drained:
-                await checkpoint_if_cancelled()
-                return
-            # Its leader was cancelled before the queue was empty: lead the next drain.
-        if not writer.lane.locked() and writer.seed is None:
+        settled = False  # whether this is just back from a scheduler round (loop_is_idle)
+        while True:
+            while (barrier := writer.barrier) is not None:
+                await barrier.done.wait()
+                if barrier.error is not None:
+                    raise barrier.error
+                if barrier.drained:
+                    await checkpoint_if_cancelled()
+                    return
+                # Its leader was cancelled before the queue was empty: lead the next drain.
+            if writer.lane.locked() or writer.seed is not None:
+                break
             if writer.pending and self._may_write_inline(writer):
-                # No other task can run before this returns: no barrier to share, no await
-                # to shield. Nor a scheduler round after it (which costs a sixth of a small
-                # flush): what became ready meanwhile runs at the caller's next await.
-                self._write_now(writer)
+                if self._loop_is_idle(settled=settled):
+                    # No other task can run before this returns: no barrier to share, no
+                    # await to shield. Nor a scheduler round after it (which costs a sixth of
+                    # a small flush): what became ready meanwhile runs at the caller's next
+                    # await.
+                    self._write_now(writer)
+                elif not settled and idle_needs_a_round():
+                    # Trio: one round lets every task ready now run first (those appending to
+                    # this session too: the write then takes their events as well), and then
+                    # tells whether any other is ready. Not a cancel point: a cancellation is
+                    # raised at the end, as after a write.
+                    await self._round()
+                    settled = True
+                    continue
             if not writer.pending:
                 await checkpoint_if_cancelled()
                 return
+            break
         await self._drain(writer)
         await checkpoint_if_cancelled()
+
+    async def _round(self) -> None:
+        """One scheduler round, which is not a cancel point, counted while it lasts."""
+        self._rounds += 1
+        try:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self._rounds -= 1
+
+    def _loop_is_idle(self, *, settled: bool) -> bool:
+        """Whether no other task is ready to run (:func:`.workers.loop_is_idle`), nor still in
+        a round of its own flush here: on trio, flushes released together share the
+        scheduler's batch, where it does not see them."""
+        return loop_is_idle(settled=settled) and not (settled and self._rounds)
 
     async def _drain(self, writer: Writer[H]) -> None:
         """Write batches until the queue is empty, as the leader of a new barrier.
@@ -551,9 +581,13 @@ class WriteBehind(ABC, Generic[H]):
             with anyio.CancelScope(shield=True):
                 await writer.lane.acquire()
                 try:
-                    await anyio.lowlevel.checkpoint()  # checkpoints ready now join this batch
+                    await self._round()  # checkpoints ready now join this batch
                     while writer.pending or writer.seed is not None:
-                        inline = writer.seed is None and self._may_write_inline(writer)
+                        inline = (
+                            writer.seed is None
+                            and self._loop_is_idle(settled=True)  # back from a round, or a write
+                            and self._may_write_inline(writer)
+                        )
                         await self._write_pending(writer, inline=inline)
                     barrier.drained = True
                     writer.barrier = None  # in the same step that saw the queue empty

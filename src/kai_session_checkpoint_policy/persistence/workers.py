@@ -30,25 +30,51 @@ if TYPE_CHECKING:
 
     from trio.lowlevel import TrioToken
 
-__all__ = ["loop_is_idle", "run_in_worker"]
+__all__ = ["idle_needs_a_round", "loop_is_idle", "run_in_worker"]
 
 T = TypeVar("T")
 
 
-def loop_is_idle() -> bool:
-    """Whether no task or callback of the running asyncio event loop is ready to run, but the
-    caller's.
+def loop_is_idle(*, settled: bool = False) -> bool:
+    """Whether no task or callback of the running event loop is ready to run, but the caller's.
 
-    ``False`` when that cannot be told: on trio, which runs the ready tasks in batches and tells
-    only how many wait for the next batch, not how many of the current one have yet to run; on
-    an asyncio loop without the standard ``_ready`` queue (uvloop).
+    On asyncio, the loop's queue of ready callbacks tells (``False`` on a loop without the
+    standard ``_ready`` queue, such as uvloop). Trio runs the ready tasks in batches and counts
+    only those waiting for the next batch, not those of the current one that have yet to run:
+    there the answer is ``True`` only when the caller is *settled*, just back from a scheduler
+    checkpoint, so that every task that was ready before it has had its turn, and no task and
+    no callback has become ready since. (Tasks woken at the very moment the caller was, which
+    share its batch, are not seen: they wait for the caller's quick write.)
     """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # not asyncio
-        return False
+        return settled and _trio_is_idle()
     ready = getattr(loop, "_ready", None)  # the standard loops' queue of ready callbacks
     return ready is not None and not ready
+
+
+def idle_needs_a_round() -> bool:
+    """Whether :func:`loop_is_idle` can say ``True`` only once the caller is *settled*: on
+    any event loop but asyncio."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _trio_is_idle() -> bool:
+    """Whether no trio task nor callback waits for the next batch (``False`` off trio)."""
+    try:
+        import trio
+    except ImportError:
+        return False
+    try:
+        statistics = trio.lowlevel.current_statistics()
+    except RuntimeError:  # not trio either
+        return False
+    return statistics.tasks_runnable == 0 and statistics.run_sync_soon_queue_size == 0
 
 
 class _Job(Generic[T]):

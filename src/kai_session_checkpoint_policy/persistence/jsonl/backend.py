@@ -68,7 +68,6 @@ from ..values import (
     StoredSuffix,
     check_from_seq,
 )
-from ..workers import loop_is_idle
 from .files import LockedError, OsFiles
 from .format import (
     COMPRESSIONS,
@@ -432,14 +431,10 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """
         log = writer.log
         return (
-            (
-                log.size > 0 and not log.suspect  # the file exists, and holds what it should
-                if log is not None
-                else writer.session_id in self._held  # recovered here, locked since
-            )
-            and writer.write_seconds < self.inline_write_limit
-            and loop_is_idle()
-        )
+            log.size > 0 and not log.suspect  # the file exists, and holds what it should
+            if log is not None
+            else writer.session_id in self._held  # recovered here, locked since
+        ) and writer.write_seconds < self.inline_write_limit
 
     def _files_open(self, writer: Writer[_Log]) -> bool:
         """Whether *writer*'s files are open: its log's, or those its recovery kept locked."""

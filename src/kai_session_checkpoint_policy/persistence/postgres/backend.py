@@ -75,7 +75,7 @@ from ..values import (
     StoredSuffix,
     check_from_seq,
 )
-from ..workers import loop_is_idle, run_in_worker
+from ..workers import run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
 from .store import (
@@ -335,10 +335,10 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             self._group.append(store, Batch(log.lease, log.count, batch, log.header))
 
     def _may_write_inline(self, writer: Writer[_Lease]) -> bool:
-        """Whether an awaited flush may commit on the event loop's thread: when no other task
-        is ready to run (asyncio only), the session already holds its lease with more than a
-        renewal period of it left, its recent commits were quick, and no group commit is in
-        flight in a worker thread.
+        """Whether an awaited flush may commit on the event loop's thread, when no other task
+        is ready to run: the session already holds its lease with more than a renewal period
+        of it left, its recent commits were quick, and no group commit is in flight in a
+        worker thread.
 
         Handing a one-round-trip commit to a thread and waking the loop when it returns costs
         more CPU than the commit's own client side; a loop with nothing else to run loses
@@ -351,7 +351,6 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             and writer.write_seconds < INLINE_WRITE_LIMIT
             and time.monotonic() < log.valid_until - self.lease_ttl / RENEWALS_PER_TTL
             and not self._group.busy
-            and loop_is_idle()
         )
 
     def _renew(self, log: _Lease) -> bool:
