@@ -42,7 +42,7 @@ from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMism
 from .ids import check_session_id
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
-from .workers import idle_needs_a_round, loop_is_idle, run_in_worker
+from .workers import idle_needs_a_round, loop_is_idle, run_in_worker, run_in_worker_shielded
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -544,7 +544,7 @@ class WriteBehind(ABC, Generic[H]):
                     # this session too: the write then takes their events as well), and then
                     # tells whether any other is ready. Not a cancel point: a cancellation is
                     # raised at the end, as after a write.
-                    await self._round()
+                    await self._round(shielded=False)
                     settled = True
                     continue
             if not writer.pending:
@@ -554,11 +554,16 @@ class WriteBehind(ABC, Generic[H]):
         await self._drain(writer)
         await checkpoint_if_cancelled()
 
-    async def _round(self) -> None:
-        """One scheduler round, which is not a cancel point, counted while it lasts."""
+    async def _round(self, *, shielded: bool) -> None:
+        """One scheduler round, counted while it lasts; not a cancel point for anyio's
+        cancellation if the caller is *shielded* already, or if it is not: then it makes its
+        own shield."""
         self._rounds += 1
         try:
-            await anyio.lowlevel.cancel_shielded_checkpoint()
+            if shielded:
+                await anyio.lowlevel.checkpoint()
+            else:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._rounds -= 1
 
@@ -581,7 +586,7 @@ class WriteBehind(ABC, Generic[H]):
             with anyio.CancelScope(shield=True):
                 await writer.lane.acquire()
                 try:
-                    await self._round()  # checkpoints ready now join this batch
+                    await self._round(shielded=True)  # checkpoints ready now join this batch
                     while writer.pending or writer.seed is not None:
                         inline = (
                             writer.seed is None
@@ -682,7 +687,7 @@ class WriteBehind(ABC, Generic[H]):
             written = True
 
         try:
-            await run_in_worker(write)
+            await run_in_worker_shielded(write)
         except Exception as exc:
             failure = exc
             raise

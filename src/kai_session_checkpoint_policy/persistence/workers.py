@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from trio.lowlevel import TrioToken
 
-__all__ = ["idle_needs_a_round", "loop_is_idle", "run_in_worker"]
+__all__ = ["idle_needs_a_round", "loop_is_idle", "run_in_worker", "run_in_worker_shielded"]
 
 T = TypeVar("T")
 
@@ -179,6 +179,12 @@ class _Workers:
             await self._run(job)
         return job.outcome()
 
+    async def run_shielded(self, func: Callable[[], T]) -> T:
+        """:meth:`run`, for a caller inside a shielding cancel scope already."""
+        job = _Job(func)
+        await self._run(job)
+        return job.outcome()
+
     async def _run(self, job: _Job[T]) -> None:
         loop = _asyncio_loop()
         if loop is not None:
@@ -244,3 +250,5 @@ def _trio_token() -> TrioToken | None:
 _workers: Final = _Workers()
 run_in_worker: Final = _workers.run
 """Call a blocking function in a worker thread; return (or raise) what it did once it is over."""
+run_in_worker_shielded: Final = _workers.run_shielded
+""":data:`run_in_worker` for a caller shielded from anyio's cancellation already."""
