@@ -433,10 +433,12 @@ class WriteBehind(ABC, Generic[H]):
     # -- flushing -------------------------------------------------------------------------------
 
     async def flush(self, session_id: str) -> None:
-        """Make every event admitted for *session_id* durable (nothing to do if none were)."""
+        """Make every event admitted for *session_id* durable (nothing to do if none were); a
+        cancel point on every path."""
         writer = self._writers.get(session_id)
         if writer is not None:
             await self._flush(writer)
+        await checkpoint_if_cancelled()
 
     def durable_count(self, session_id: str) -> int:
         """How many events of the live session *session_id* are known to be durable."""
@@ -519,7 +521,12 @@ class WriteBehind(ABC, Generic[H]):
             self._task_group.start_soon(self._window_timer, writer, window.timer)
 
     async def _flush(self, writer: Writer[H]) -> None:
-        """Drain *writer*'s queue, or join the drain in progress; end with a cancel point."""
+        """Drain *writer*'s queue, or join the drain in progress.
+
+        A cancellation met on the way is raised once what was written is durable; one that
+        was pending when nothing needed to wait is not looked for here: the host's
+        ``sessions.flush`` ends with a cancel point on every path, and so does :meth:`flush`.
+        """
         settled = False  # whether this is just back from a scheduler round (loop_is_idle)
         while True:
             while (barrier := writer.barrier) is not None:
@@ -527,7 +534,6 @@ class WriteBehind(ABC, Generic[H]):
                 if barrier.error is not None:
                     raise barrier.error
                 if barrier.drained:
-                    await checkpoint_if_cancelled()
                     return
                 # Its leader was cancelled before the queue was empty: lead the next drain.
             if writer.lane.locked() or writer.seed is not None:
@@ -548,11 +554,9 @@ class WriteBehind(ABC, Generic[H]):
                     settled = True
                     continue
             if not writer.pending:
-                await checkpoint_if_cancelled()
                 return
             break
         await self._drain(writer)
-        await checkpoint_if_cancelled()
 
     async def _round(self, *, shielded: bool) -> None:
         """One scheduler round, counted while it lasts; not a cancel point for anyio's
