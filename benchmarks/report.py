@@ -360,9 +360,13 @@ def table(results: Results) -> str:
 
 def _cost(cell: object) -> str:
     server = _get(cell, "server_cpu_us")
+    own = _get(cell, "own_cpu_us")
     return (
         f"{_fmt(_get(cell, 'wall_us'), '.0f')} us wall ({_fmt(_get(cell, 'wall_ratio'), '.2f')}x), "
-        f"{_fmt(_get(cell, 'cpu_us'), '.0f')} us CPU ({_fmt(_get(cell, 'cpu_ratio'), '.2f')}x)"
+        f"{_fmt(_get(cell, 'cpu_us'), '.0f')} us CPU ({_fmt(_get(cell, 'cpu_ratio'), '.2f')}x: "
+        f"user {_fmt(_get(cell, 'user_us'), '.0f')}, system {_fmt(_get(cell, 'system_us'), '.0f')}"
+        + ("" if own is None else f"; {_fmt(own, '.0f')} beyond the raw pair's")
+        + ")"
         + ("" if server is None else f", server {_fmt(server, '.0f')} us CPU")
     )
 
@@ -388,7 +392,9 @@ def _steps_section(steps: object) -> list[str]:
                 out.append(
                     f"  {store}, {name} (load {load}): {_cost(_get(cell, 'library'))}; raw pair "
                     f"{_fmt(_get(raw, 'wall_us'), '.0f')} us wall, "
-                    f"{_fmt(_get(raw, 'cpu_us'), '.0f')} us CPU"
+                    f"{_fmt(_get(raw, 'cpu_us'), '.0f')} us CPU (user "
+                    f"{_fmt(_get(raw, 'user_us'), '.0f')}, system "
+                    f"{_fmt(_get(raw, 'system_us'), '.0f')})"
                     + (
                         ""
                         if _get(raw, "server_cpu_us") is None
@@ -414,7 +420,85 @@ def _steps_section(steps: object) -> list[str]:
             f"{memory.get('resumed_mib')} MiB ({_fmt(memory.get('ratio'), '.2f')}x); per live "
             f"session with one 37-event turn {memory.get('per_live_session_kib_37_events')} KiB"
         )
+    goals = step_goals(steps)
+    if goals:
+        out += ["", "goals of a step, from this run", ""]
+        out.append(_format([list(goal) for goal in goals], ["goal", "figure", ""]))
     return out
+
+
+def _ratio_of(numerator: object, denominator: object) -> float | None:
+    if isinstance(numerator, (int, float)) and isinstance(denominator, (int, float)):
+        return round(numerator / denominator, 2) if denominator else None
+    return None
+
+
+def step_goals(steps: dict[str, object]) -> list[tuple[str, str, str]]:
+    """Each goal of the ``steps`` scenario that this run measured: the goal, the figure, and
+    ``met`` or ``missed``."""
+    goals: list[tuple[str, str, str]] = []
+
+    def check(goal: str, value: object, ok: bool | None, shown: str) -> None:
+        if value is not None and ok is not None:
+            goals.append((goal, shown, "met" if ok else "missed"))
+
+    for store in ("jsonl", "postgres"):
+        for loop in ("asyncio", "trio"):
+            own = _get(steps, store, f"1 session, {loop}", "library", "own_cpu_us")
+            if isinstance(own, (int, float)):
+                check(
+                    f"{store}, {loop}: CPU per step beyond the raw pair's <= 150 us",
+                    own,
+                    own <= 150,
+                    f"{own:.0f} us",
+                )
+    one = _get(steps, "postgres", "1 session, asyncio", "library")
+    puts = _get(steps, "postgres", "PostgresSaver", "two_puts", "wall_us")
+    graph = _get(steps, "postgres", "PostgresSaver", "graph", "wall_us")
+    for name, peer in (("two puts", puts), ("graph", graph)):
+        ratio = _ratio_of(_get(one, "wall_us"), peer)
+        if ratio is not None:
+            check(
+                f"postgres, 1 session: latency <= 0.8x PostgresSaver's ({name})",
+                ratio,
+                ratio <= 0.8,
+                f"{ratio:.2f}x",
+            )
+    wall_ratio = _get(one, "wall_ratio")
+    if isinstance(wall_ratio, (int, float)):
+        check(
+            "postgres, 1 session: latency <= 1.3x the raw pair of commits",
+            wall_ratio,
+            wall_ratio <= 1.3,
+            f"{wall_ratio:.2f}x",
+        )
+    for store, key, goal, floor in (
+        ("jsonl", "ratio", ">= 0.6x the raw write+fsync pairs' rate", 0.6),
+        ("postgres", "ratio_to_commit_pairs", "above the single-row commit loop's pairs", 1.0),
+    ):
+        for name, cell in _items(steps.get(store)):
+            rate = _get(cell, key)
+            if name.endswith("sessions at once, asyncio") and isinstance(rate, (int, float)):
+                count = name.split()[0]
+                check(
+                    f"{store}, {count} sessions at once: {goal}",
+                    rate,
+                    rate >= floor if floor < 1 else rate > floor,
+                    f"{rate:.2f}x",
+                )
+    memory = steps.get("memory")
+    held = _get(memory, "ratio")
+    if isinstance(held, (int, float)):
+        check("a live session <= 1.5x the same log resumed", held, held <= 1.5, f"{held:.2f}x")
+    per_session = _get(memory, "per_live_session_kib_37_events")
+    if isinstance(per_session, (int, float)):
+        check(
+            "a live session with one 37-event turn <= 40 KiB",
+            per_session,
+            per_session <= 40,
+            f"{per_session} KiB",
+        )
+    return goals
 
 
 def _items_dict(tree: object) -> dict[str, object]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -110,21 +111,28 @@ async def session_steps(host: Host, session: Session, steps: int, first: int = 0
 
 
 class _Cost:
-    """Wall and CPU microseconds per step of the rounds of one figure."""
+    """Wall and CPU microseconds per step of the rounds of one figure; the CPU also split
+    into the time spent in this process's own code (user) and in the kernel for it (system)."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.user: list[float] = []
+        self.system: list[float] = []
         self.server: list[float] = []  # the database server's CPU, for PostgreSQL
 
-    def add(self, wall: float, cpu: float, steps: int) -> None:
+    def add(self, wall: float, cpu: float, user: float, system: float, steps: int) -> None:
         self.wall.append(wall * 1e6 / steps)
         self.cpu.append(cpu * 1e6 / steps)
+        self.user.append(user * 1e6 / steps)
+        self.system.append(system * 1e6 / steps)
 
     def to_json(self) -> dict[str, object]:
         figures: dict[str, object] = {
             "wall_us": round(statistics.median(self.wall), 1),
             "cpu_us": round(statistics.median(self.cpu), 1),
+            "user_us": round(statistics.median(self.user), 1),
+            "system_us": round(statistics.median(self.system), 1),
             "rounds": len(self.wall),
         }
         if self.server:
@@ -141,16 +149,21 @@ class _Timer:
 
     def __enter__(self) -> None:
         self._server = 0.0 if _Timer.server is None else _Timer.server()
+        self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._wall, self._cpu = time.perf_counter(), time.process_time()
 
     def __exit__(self, *exc_info: object) -> None:
         wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
-        self._cost.add(wall, cpu, self._steps)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        user, system = usage.ru_utime - self._usage.ru_utime, usage.ru_stime - self._usage.ru_stime
+        self._cost.add(wall, cpu, user, system, self._steps)
         if _Timer.server is not None:
             self._cost.server.append((_Timer.server() - self._server) * 1e6 / self._steps)
 
 
 def _ratios(figure: dict[str, object], baseline: dict[str, object]) -> dict[str, object]:
+    """*figure* with its ratios to *baseline*, and the CPU it takes beyond the baseline's
+    (``own_cpu_us``: what the library adds to the raw pair's system calls)."""
     out = dict(figure)
     for key in ("wall_us", "cpu_us"):
         base = baseline[key]
@@ -158,6 +171,10 @@ def _ratios(figure: dict[str, object], baseline: dict[str, object]) -> dict[str,
         assert isinstance(base, float)
         assert isinstance(value, float)
         out[key.replace("_us", "_ratio")] = round(value / base, 2) if base else None
+    cpu, base_cpu = figure["cpu_us"], baseline["cpu_us"]
+    assert isinstance(cpu, float)
+    assert isinstance(base_cpu, float)
+    out["own_cpu_us"] = round(cpu - base_cpu, 1)
     return out
 
 

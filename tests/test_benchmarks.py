@@ -268,9 +268,54 @@ def test_a_step_is_measured_beside_its_raw_pair_with_cpu_and_the_load(
     assert isinstance(_dig(cell, "load_average"), float)
     for key in ("wall_us", "cpu_us", "wall_ratio", "cpu_ratio"):
         assert _number(cell, "library", key) > 0
-    for key in ("wall_us", "cpu_us"):
-        assert _number(cell, "raw_pair", key) > 0
-    assert "jsonl, 1 session, " + backend in report.table(quick_run[0])
+    for key in ("wall_us", "cpu_us", "user_us", "system_us"):
+        assert _number(cell, "raw_pair", key) >= 0
+    assert _number(cell, "raw_pair", "cpu_us") > 0
+    own = _number(cell, "library", "own_cpu_us")
+    assert own == pytest.approx(
+        _number(cell, "library", "cpu_us") - _number(cell, "raw_pair", "cpu_us"), abs=0.11
+    )
+    table = report.table(quick_run[0])
+    assert "jsonl, 1 session, " + backend in table
+    assert f"jsonl, {backend}: CPU per step beyond the raw pair's <= 150 us" in table
+
+
+def _step_figures(own: float, latency: float, rate: float, held: float) -> dict[str, object]:
+    """The figures of the steps scenario that its goals read: *own* CPU beyond the raw pair,
+    *latency* of a PostgreSQL step, the *rate* of many sessions, the memory *held* live."""
+    one = {"library": {"own_cpu_us": own, "wall_us": latency, "wall_ratio": latency / 1000}}
+    return {
+        "jsonl": {
+            "1 session, asyncio": one,
+            "100 sessions at once, asyncio": {"ratio": rate},
+        },
+        "postgres": {
+            "1 session, asyncio": one,
+            "PostgresSaver": {"two_puts": {"wall_us": 1000.0}, "graph": {"wall_us": 10000.0}},
+            "100 sessions at once, asyncio": {"ratio_to_commit_pairs": rate},
+        },
+        "memory": {"ratio": held, "per_live_session_kib_37_events": 30.0},
+    }
+
+
+def test_the_goals_of_a_step_are_met_only_by_figures_within_them() -> None:
+    met = report.step_goals(_step_figures(own=150.0, latency=800.0, rate=1.2, held=1.5))
+    missed = report.step_goals(_step_figures(own=151.0, latency=1301.0, rate=0.5, held=1.6))
+
+    assert [verdict for _, _, verdict in met] == ["met"] * 9
+    assert [(goal, figure, verdict) for goal, figure, verdict in missed if verdict == "missed"] == [
+        ("jsonl, asyncio: CPU per step beyond the raw pair's <= 150 us", "151 us", "missed"),
+        ("postgres, asyncio: CPU per step beyond the raw pair's <= 150 us", "151 us", "missed"),
+        ("postgres, 1 session: latency <= 0.8x PostgresSaver's (two puts)", "1.30x", "missed"),
+        ("postgres, 1 session: latency <= 1.3x the raw pair of commits", "1.30x", "missed"),
+        ("jsonl, 100 sessions at once: >= 0.6x the raw write+fsync pairs' rate", "0.50x", "missed"),
+        (
+            "postgres, 100 sessions at once: above the single-row commit loop's pairs",
+            "0.50x",
+            "missed",
+        ),
+        ("a live session <= 1.5x the same log resumed", "1.60x", "missed"),
+    ]
 
 
 def test_many_sessions_and_memory_are_measured(quick_run: tuple[dict[str, object], Path]) -> None:
