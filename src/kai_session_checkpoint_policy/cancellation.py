@@ -20,10 +20,8 @@ __all__ = ["cancel_pending", "checkpoint_if_cancelled", "current_asyncio_task"]
 
 def current_asyncio_task() -> asyncio.Task[object] | None:
     """The running asyncio task, or ``None`` on another event loop (trio)."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running asyncio loop
-        return None
+    loop = asyncio._get_running_loop()  # None off asyncio: no exception to raise
+    return None if loop is None else asyncio.current_task(loop)
 
 
 def cancel_pending(task: asyncio.Task[object]) -> bool:

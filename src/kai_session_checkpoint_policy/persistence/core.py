@@ -23,6 +23,7 @@ the same repair on every backend (:func:`~.repair.interrupted_turn_closers`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -105,6 +106,14 @@ class _Barrier:
         self.drained = False  # whether its leader saw the queue empty
 
 
+def _current_time() -> float:
+    """The event loop's clock, as :func:`anyio.current_time` tells it, without looking up the
+    loop's anyio backend on asyncio (where it is the loop's own ``time()``): a window opens
+    with the first event after each flush."""
+    loop = asyncio._get_running_loop()  # None off asyncio: no exception to raise
+    return anyio.current_time() if loop is None else loop.time()
+
+
 class BatchWindow:
     """When a session's queued events are written at the latest: its window, and its timer.
 
@@ -126,7 +135,7 @@ class BatchWindow:
         """Open a new window, expiring *seconds* from now."""
         self.number += 1
         self.is_open = True
-        self.deadline = anyio.current_time() + seconds
+        self.deadline = _current_time() + seconds
 
     def close(self) -> None:
         """Close the open window: its events are being written."""

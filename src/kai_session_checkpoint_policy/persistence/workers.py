@@ -46,9 +46,8 @@ def loop_is_idle(*, settled: bool = False) -> bool:
     no callback has become ready since. (Tasks woken at the very moment the caller was, which
     share its batch, are not seen: they wait for the caller's quick write.)
     """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio
+    loop = asyncio._get_running_loop()  # None off asyncio: no exception to raise
+    if loop is None:
         return settled and _trio_is_idle()
     ready = getattr(loop, "_ready", None)  # the standard loops' queue of ready callbacks
     return ready is not None and not ready
@@ -57,11 +56,7 @@ def loop_is_idle(*, settled: bool = False) -> bool:
 def idle_needs_a_round() -> bool:
     """Whether :func:`loop_is_idle` can say ``True`` only once the caller is *settled*: on
     any event loop but asyncio."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return True
-    return False
+    return asyncio._get_running_loop() is None  # as loop_is_idle does
 
 
 def _trio_is_idle() -> bool:
