@@ -9,8 +9,8 @@ the next write, so a failed fsync is never taken for success.
 Where a write runs: a background batch always runs in a worker thread, since nobody waits for
 it (a failed one is tried again in the next window). A flush that a caller awaits appends on
 the event loop's own thread (never creates or re-reads a log there) when no other task is ready
-to run (which only asyncio tells; on trio, writes always go to worker threads)
-and the session's recent writes took less than ``inline_write_limit`` (2 ms by default):
+to run (on trio, after one scheduler round: :func:`..workers.loop_is_idle`) and the session's
+recent writes took less than ``inline_write_limit`` (2 ms by default):
 handing a call to a thread and waking the loop again when it returns costs about as much as a
 fast fsync (100-200 µs on a virtual machine), while a loop with nothing else to run loses
 nothing by waiting for the disk itself. Otherwise the write runs in a worker thread, and the

@@ -3,8 +3,9 @@
 The queue, the windows, the flush barrier and the seq check are the backend-neutral core's
 (:mod:`..core`), as for JSONL; this module makes a batch durable in a database transaction and
 reads logs back, through the blocking store of :mod:`.store`, called from worker threads
-(:func:`~..workers.run_in_worker`, on asyncio and on trio alike). An awaited flush on asyncio
-commits on the event loop's own thread instead when no other task is ready to run, the lease
+(:func:`~..workers.run_in_worker`, on asyncio and on trio alike). An awaited flush commits on
+the event loop's own thread instead when no other task is ready to run (on trio, after one
+scheduler round: :func:`~..workers.loop_is_idle`), the lease
 has more than a renewal period left and the session's recent commits were quick
 (:data:`INLINE_WRITE_LIMIT`): handing one round trip to a thread and back costs more CPU than
 the commit's own client side, and a loop with nothing else to run loses nothing by waiting.
