@@ -58,6 +58,20 @@ def _loaded(log_format: str, state: str, *path: str) -> Callable[[Results, str],
     )
 
 
+def _zstd_over_plain(size: str) -> Callable[[Results, str], float | None]:
+    """A flush's median latency in the zstd format over the plain one's, in the same run."""
+
+    def ratio(results: Results, backend: str) -> float | None:
+        formats = _get(results, "backends", backend, "formats")
+        zstd, plain = (
+            _number(_get(formats, name, "flush", size, "latency_us", "median"))
+            for name in ("zstd", "plain")
+        )
+        return None if zstd is None or not plain else zstd / plain
+
+    return ratio
+
+
 STATES: Final = ("open", "closed")
 """The recovered logs: the last turn open (with a torn tail), and closed."""
 
@@ -91,6 +105,7 @@ TARGETS: Final = (
         2.0,
         _backend("checkpoints", "staggered", "K=32", "fsyncs_per_group"),
     ),
+    Target("zstd flush P=100 over plain's, median", "x", 1.1, _zstd_over_plain("P=100")),
     Target("stream append, median", "us", 5.0, _backend("stream", "append_us", "median")),
     Target(
         "policy overhead per boundary", "us", 20.0, _backend("policy", "overhead_per_boundary_us")

@@ -177,8 +177,34 @@ def test_every_target_is_evaluated(quick_run: tuple[dict[str, object], Path]) ->
     assert isinstance(targets, list)
     names = {target["target"] for target in targets}
     assert names == {target.name for target in report.TARGETS}
-    assert len(names) == 9 + 2 * 2 * 3  # and a load time and a peak per format and turn
+    assert len(names) == 10 + 2 * 2 * 3  # and a load time and a peak per format and turn
     assert {target["backend"] for target in targets} == set(BACKENDS)
+
+
+@pytest.mark.parametrize(
+    ("zstd", "plain", "met"), [(1100.0, 1000.0, True), (1101.0, 1000.0, False)]
+)
+def test_a_zstd_flush_is_judged_against_the_plain_one_of_the_same_run(
+    zstd: float, plain: float, met: bool
+) -> None:
+    def flush(median: float) -> dict[str, object]:
+        return {"flush": {"P=100": {"latency_us": {"median": median}}}}
+
+    results: dict[str, object] = {
+        "backends": {"asyncio": {"formats": {"zstd": flush(zstd), "plain": flush(plain)}}}
+    }
+    [checked] = [
+        target
+        for target in report.evaluate(results)
+        if target["target"] == "zstd flush P=100 over plain's, median"
+    ]
+    assert checked == {
+        "target": "zstd flush P=100 over plain's, median",
+        "backend": "asyncio",
+        "value": round(zstd / plain, 3),
+        "limit": "<= 1.1x",
+        "met": met,
+    }
 
 
 def test_the_chart_is_an_svg_with_every_group(quick_run: tuple[dict[str, object], Path]) -> None:
