@@ -124,17 +124,16 @@ JSON array of objects, the events' types as a JSON array, their times joined by 
 their records joined by newlines (a record is one line of JSON, which holds no newline)."""
 
 _NEXT_EVENTS_OF_HELD_LEASE: Final = """
-    WHERE lease.session_id = %(session_id)s AND lease.owner = %(owner)s
-      AND lease.epoch = %(epoch)s AND lease.expires_at > clock_timestamp()
-      AND EXISTS (SELECT FROM {schema}.events
-          WHERE session_id = %(session_id)s AND seq = %(expected)s - 1)
+    WHERE lease.session_id = $1 AND lease.owner = $2 AND lease.epoch = $3
+      AND lease.expires_at > clock_timestamp()
+      AND EXISTS (SELECT FROM {schema}.events WHERE session_id = $1 AND seq = $4 - 1)
     FOR UPDATE OF lease
 """
 
 APPEND_EVENT: Final = (
     """
     INSERT INTO {schema}.events (session_id, seq, type, time, record)
-    SELECT lease.session_id, %(expected)s, %(type)s, %(time)s, %(record)s
+    SELECT lease.session_id, $4, $5, $6, $7
     FROM {schema}.leases AS lease"""
     + _NEXT_EVENTS_OF_HELD_LEASE
 )
@@ -143,29 +142,33 @@ one session), if the session's lease is held and its stored log ends right befor
 else nothing is inserted (the statement's row count is 0) or, if the seq is taken, the
 statement fails on the primary key.
 
+Its parameters are numbered (the store runs it on a raw cursor): ``$1`` the session id, ``$2``
+the lease's owner, ``$3`` its epoch, ``$4`` the event's seq (how many events the log must
+hold before it), ``$5`` its type, ``$6`` its time, ``$7`` its record.
+
 The lease row is locked (``FOR UPDATE``), so a takeover waits for the statement to commit, and
 a statement that waited for a takeover reads the row as the takeover left it (PostgreSQL
 checks a row it waited for again): refused. Whether the log ends right before the event is
-checked as :data:`APPEND_AT_ONCE` checks it: a probe of seq ``expected - 1``, and the primary
-key's check of seq ``expected``. One statement, committed with its reply, planned once per
-connection (it is prepared)."""
+checked as :data:`APPEND_AT_ONCE` checks it: a probe of seq ``$4 - 1``, and the primary key's
+check of seq ``$4``. One statement, committed with its reply, and planned once per connection
+(the driver prepares it)."""
 
 APPEND_EVENTS: Final = (
     """
     INSERT INTO {schema}.events (session_id, seq, type, time, record)
-    SELECT lease.session_id, %(expected)s + event.position - 1, event.type, event.time,
-           event.record
+    SELECT lease.session_id, $4 + event.position - 1, event.type, event.time, event.record
     FROM {schema}.leases AS lease, ROWS FROM (
-        unnest(string_to_array(%(types)s, E'\\n')),
-        unnest(string_to_array(%(times)s, ',')::bigint[]),
-        unnest(string_to_array(%(records)s, E'\\n'))
+        unnest(string_to_array($5, E'\\n')),
+        unnest(string_to_array($6, ',')::bigint[]),
+        unnest(string_to_array($7, E'\\n'))
     ) WITH ORDINALITY AS event(type, time, record, position)"""
     + _NEXT_EVENTS_OF_HELD_LEASE
 )
 """Several events appended to a session that holds events already, checked as
-:data:`APPEND_EVENT`: all of them are inserted, or none. Their types and records are joined by
-newlines (the caller passes a batch with a type that holds one to :data:`APPEND_AT_ONCE`),
-their times by commas."""
+:data:`APPEND_EVENT`: all of them are inserted, or none. Its parameters are
+:data:`APPEND_EVENT`'s, except that ``$4`` is the first event's seq and ``$5``, ``$6`` and ``$7``
+hold every event's: their types and their records joined by newlines (the caller passes a
+batch with a type that holds one to :data:`APPEND_AT_ONCE`), their times by commas."""
 
 
 def migration_lock_key(schema: str) -> int:

@@ -248,6 +248,16 @@ class _BoundedConnection(psycopg.Connection[TupleRow]):
     cancel_timeout: float = 1.0
     missed: float | None = None
     """The deadline a round trip missed, which closed the connection; ``None`` while none did."""
+    _raw_cursor: psycopg.RawCursor[TupleRow] | None = None
+
+    def raw_cursor(self) -> psycopg.RawCursor[TupleRow]:
+        """This connection's cursor for statements with numbered parameters (``$1``), made once
+        and kept: creating a cursor per statement costs about as much as converting the
+        statement's parameters."""
+        cursor = self._raw_cursor
+        if cursor is None or cursor.closed:
+            cursor = self._raw_cursor = psycopg.RawCursor(self)
+        return cursor
 
     def wait(self, gen: PQGen[_T], interval: float = 0.1, timeout: float | None = None) -> _T:
         limit = self.round_trip_deadline
@@ -894,29 +904,23 @@ class PostgresSessionStore:
         """
         (batch,), (lines,) = batches, records
         lease, events = batch.lease, batch.events
-        parameters: dict[str, object] = {
-            "session_id": lease.session_id,
-            "owner": lease.owner,
-            "epoch": lease.epoch,
-            "expected": batch.expected_count,
-        }
         if len(events) == 1:
             event = events[0]
             template = APPEND_EVENT
-            parameters.update(type=event.type, time=event.time, record=lines[0])
+            values: tuple[object, ...] = (event.type, event.time, lines[0])
         else:
             types = "\n".join([event.type for event in events])
             if types.count("\n") != len(events) - 1:  # a type that holds a newline
                 self._append_at_once(batches, records, connection)
                 return
             template = APPEND_EVENTS
-            parameters.update(
-                types=types,
-                times=",".join([str(event.time) for event in events]),
-                records="\n".join(lines),
-            )
+            times = ",".join([str(event.time) for event in events])
+            values = (types, times, "\n".join(lines))
         try:
-            cursor = connection.execute(self._statement(template, connection), parameters)
+            cursor = connection.raw_cursor().execute(
+                self._statement(template, connection),
+                (lease.session_id, lease.owner, lease.epoch, batch.expected_count, *values),
+            )
         except psycopg.errors.UniqueViolation:
             raise _NotAtOnce from None  # a seq is taken: as in _append_at_once
         if cursor.rowcount != len(events):
