@@ -325,6 +325,36 @@ def test_a_gap_or_a_repeat_is_refused_and_nothing_is_written(
     assert fetch(admin, "SELECT seq, record, xmin::text FROM kai_sessions.events") == before
 
 
+@pytest.mark.parametrize(
+    ("expected_count", "batch", "outcome"),
+    [
+        (2, [event("step/start", 2, {"turn": 1, "step": 99})], "a different event at that seq"),
+        (4, TURN[4:5], "the database holds 3 events, so seq 3 was expected"),
+        (2, TURN[2:3], 0),  # the event stored there: a retry, acknowledged without a write
+        (3, TURN[3:4], 1),
+    ],
+    ids=["behind", "ahead", "behind, as stored", "right"],
+)
+def test_a_one_event_batch_is_written_only_right_after_the_stored_log(
+    open_store: OpenStore,
+    admin: Admin,
+    expected_count: int,
+    batch: list[SessionEvent],
+    outcome: str | int,
+) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:3])
+
+    if isinstance(outcome, str):
+        with pytest.raises(SeqMismatchError, match=outcome):
+            store.append(lease, expected_count, batch)
+    else:
+        assert store.append(lease, expected_count, batch) == outcome
+
+    assert stored_seqs(admin, "s") == ([0, 1, 2, 3] if outcome == 1 else [0, 1, 2])
+
+
 def test_bad_input_is_refused_before_the_database_is_asked(open_store: OpenStore) -> None:
     store = open_store()
     lease = store.acquire("s", "host-a", 60)
