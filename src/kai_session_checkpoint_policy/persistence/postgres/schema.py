@@ -150,8 +150,9 @@ The lease row is locked (``FOR UPDATE``), so a takeover waits for the statement 
 a statement that waited for a takeover reads the row as the takeover left it (PostgreSQL
 checks a row it waited for again): refused. Whether the log ends right before the event is
 checked as :data:`APPEND_AT_ONCE` checks it: a probe of seq ``$4 - 1``, and the primary key's
-check of seq ``$4``. One statement, committed with its reply, and planned once per connection
-(the driver prepares it)."""
+check of seq ``$4``. One statement, committed with its reply; the same text every time, so
+the driver prepares it on each connection once it has run a few times, and the server no longer
+parses and plans it for every batch."""
 
 APPEND_EVENTS: Final = (
     """
