@@ -7,6 +7,7 @@ import runpy
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -257,16 +258,50 @@ async def test_a_lost_lease_is_counted_and_fails_the_next_checkpoint(
     def renewals() -> int:
         return int(telemetry.points("kai.persistence.lease.renewals").get(lost, 0))
 
-    async def until(condition: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not condition():
-            assert time.monotonic() < deadline, f"never reached: {what}"
-            await anyio.sleep(0.005)
+    class Heard:
+        """The telemetry's place as the backend's observer: passes every call on to it, then
+        marks that the backend did something, which wakes a test waiting :meth:`until` a state
+        (a marker, where a test would otherwise poll)."""
+
+        def __init__(self, observer: Any) -> None:
+            self.observer = observer
+            self._marks = 0
+            self._marked = threading.Condition()
+
+        def __getattr__(self, name: str) -> Callable[..., None]:
+            heard = getattr(self.observer, name)
+
+            def mark(*args: Any) -> None:
+                heard(*args)
+                with self._marked:  # the backend calls from its task or a worker thread
+                    self._marks += 1
+                    self._marked.notify_all()
+
+            return mark
+
+        async def until(self, condition: Callable[[], bool], what: str) -> None:
+            """Wait (at most 10 s) until *condition* holds, checked again after each call."""
+            deadline = time.monotonic() + 10
+            while True:
+                with self._marked:
+                    seen = self._marks
+                if condition():  # checked on the loop's thread, after the call that marked
+                    return
+
+                def marked(seen: int = seen) -> bool:
+                    left = deadline - time.monotonic()
+                    with self._marked:
+                        return self._marked.wait_for(lambda: self._marks > seen, max(left, 0))
+
+                assert await anyio.to_thread.run_sync(marked), f"never reached: {what}"
 
     outcomes: list[TurnOutcome] = []
 
     async def lose_the_lease_and_run_a_turn() -> None:
         async with paying_host([backend, policy, telemetry.plugin], lambda: None) as paying:
+            heard = Heard(backend.observer)
+            backend.observer = heard
+            until = heard.until
             session = paying.host.sessions.create("leased")
             session.append("turn/start", {"turn": 1})
             await paying.host.sessions.flush(session)
@@ -278,6 +313,7 @@ async def test_a_lost_lease_is_counted_and_fails_the_next_checkpoint(
                     "expires_at = clock_timestamp() + interval '1 minute'"
                 )
             await until(lambda: backend.statistics().leases == 0, "the loss noticed")
+            backend.observer = heard.observer  # the telemetry's own again, which it lets go
             assert telemetry.points("kai.persistence.lease.losses") == {lost: 1}
             outcomes.append(await paying.turn(session))
             bodies.extend(paying.bodies)

@@ -7,6 +7,7 @@ in test_postgres_hosts.py. Everything here runs against a real server the tests 
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from datetime import timedelta
@@ -113,12 +114,77 @@ def wait_for_a_lock_wait(admin: Admin) -> None:
         admin.execute("SELECT pg_sleep(0.005)")
 
 
-async def until(condition: Callable[[], object], what: str) -> None:
-    """Wait (bounded) for a state that the backend's own threads or tasks reach: *what*."""
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"never reached: {what}"
-        await anyio.sleep(0.005)
+class Marks:
+    """Marks that the backend's own threads or tasks leave as they go (a batch queued behind a
+    group commit, a lease renewal's outcome), which wake a test waiting for a state."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._marked = threading.Condition()
+
+    def mark(self, *_: object) -> None:
+        with self._marked:
+            self._count += 1
+            self._marked.notify_all()
+
+    async def until(self, condition: Callable[[], object], what: str) -> None:
+        """Wait (bounded) for a state that the backend's own threads or tasks reach: *what*,
+        checked on the loop's thread at first and after each mark."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            with self._marked:
+                seen = self._count
+            if condition():
+                return
+
+            def marked(seen: int = seen) -> bool:
+                left = max(deadline - time.monotonic(), 0)
+                with self._marked:
+                    return self._marked.wait_for(lambda: self._count > seen, left)
+
+            assert await anyio.to_thread.run_sync(marked), f"never reached: {what}"
+
+
+class _MarkedQueue(list[Any]):
+    """A group commit's queue that marks each batch queued (under the group commit's lock)."""
+
+    def __init__(self, marks: Marks) -> None:
+        super().__init__()
+        self._marks = marks
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self._marks.mark()
+
+
+def queue_marks(backend: PostgresSessionPersistence) -> Marks:
+    """Marks of the batches queued from now on behind the backend's group commit in flight
+    (whose leader took the queue there was)."""
+    marks = Marks()
+    group = backend._group
+    with group._lock:
+        assert not group._queue
+        group._queue = _MarkedQueue(marks)
+    return marks
+
+
+class _LeaseMarks(Marks):
+    """Marks of each lease renewal's outcome, as the backend's observer (it has none other)."""
+
+    def batch_written(self, *_: object) -> None:
+        pass
+
+    def recovered(self, *_: object) -> None:
+        pass
+
+    leases_renewed = lease_lost = Marks.mark
+
+
+def lease_marks(backend: PostgresSessionPersistence) -> Marks:
+    assert backend.observer is None
+    marks = _LeaseMarks()
+    backend.observer = marks
+    return marks
 
 
 async def written_session(host: Host, session_id: str) -> Session:
@@ -362,6 +428,7 @@ async def test_a_flush_with_nothing_to_write_is_refused_once_the_lease_is_lost(
     make: Any, admin: Admin
 ) -> None:
     backend = make(owner="host-a", lease_ttl=0.6, batch_window=60)
+    until = lease_marks(backend).until
     async with Host([backend]) as host:
         session = await written_session(host, "lost")
         # Another host takes the lease over (forced here) while host-a holds it.
@@ -399,6 +466,7 @@ async def test_batches_due_while_a_commit_is_in_flight_share_one_transaction(
             async with anyio.create_task_group() as group:
                 group.start_soon(host.sessions.flush, sessions[0])
                 await anyio.to_thread.run_sync(wait_for_a_lock_wait, admin)
+                until = queue_marks(backend).until
                 for session in sessions[1:]:
                     group.start_soon(host.sessions.flush, session)
                 await until(lambda: len(backend._group._queue) == 19, "all queued behind it")
@@ -454,6 +522,7 @@ async def test_a_refused_batch_in_a_shared_transaction_fails_only_its_session(
                 async with anyio.create_task_group() as group:
                     group.start_soon(flush, sessions[0])
                     await anyio.to_thread.run_sync(wait_for_a_lock_wait, admin)
+                    until = queue_marks(backend).until
                     for session in sessions[1:]:
                         group.start_soon(flush, session)
                     await until(lambda: len(backend._group._queue) == 3, "all queued behind it")

@@ -13,6 +13,7 @@ pytest.importorskip("psycopg", reason="the PostgreSQL tests need psycopg")
 
 import psycopg
 
+from kai_session_checkpoint_policy.events import SessionEvent
 from kai_session_checkpoint_policy.persistence import (
     InvalidSessionIdError,
     LeaseLostError,
@@ -324,6 +325,36 @@ def test_a_gap_or_a_repeat_is_refused_and_nothing_is_written(
     assert fetch(admin, "SELECT seq, record, xmin::text FROM kai_sessions.events") == before
 
 
+@pytest.mark.parametrize(
+    ("expected_count", "batch", "outcome"),
+    [
+        (2, [event("step/start", 2, {"turn": 1, "step": 99})], "a different event at that seq"),
+        (4, TURN[4:5], "the database holds 3 events, so seq 3 was expected"),
+        (2, TURN[2:3], 0),  # the event stored there: a retry, acknowledged without a write
+        (3, TURN[3:4], 1),
+    ],
+    ids=["behind", "ahead", "behind, as stored", "right"],
+)
+def test_a_one_event_batch_is_written_only_right_after_the_stored_log(
+    open_store: OpenStore,
+    admin: Admin,
+    expected_count: int,
+    batch: list[SessionEvent],
+    outcome: str | int,
+) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:3])
+
+    if isinstance(outcome, str):
+        with pytest.raises(SeqMismatchError, match=outcome):
+            store.append(lease, expected_count, batch)
+    else:
+        assert store.append(lease, expected_count, batch) == outcome
+
+    assert stored_seqs(admin, "s") == ([0, 1, 2, 3] if outcome == 1 else [0, 1, 2])
+
+
 def test_bad_input_is_refused_before_the_database_is_asked(open_store: OpenStore) -> None:
     store = open_store()
     lease = store.acquire("s", "host-a", 60)
@@ -542,6 +573,117 @@ def test_a_takeover_waits_for_the_batch_in_flight(
     taken = taker.acquire("s", "host-b", 60)
     assert (taken.owner, taken.epoch) == ("host-b", 2)
     assert taker.read("s").records == RECORDS[:4]  # the new holder sees every acknowledged event
+
+
+@pytest.mark.parametrize("size", [1, 2], ids=["one event", "two events"])
+def test_a_batch_that_waited_for_its_lease_row_during_a_takeover_is_refused(
+    open_store: OpenStore, admin: Admin, postgres_dsn: str, size: int
+) -> None:
+    store = open_store(lock_timeout=WAIT)
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:2])
+    with psycopg.connect(postgres_dsn) as taker, ThreadPoolExecutor(1) as pool:
+        # A takeover in flight: it holds the lease row, and has not committed yet.
+        taker.execute(
+            "UPDATE kai_sessions.leases SET owner = 'host-b', epoch = epoch + 1 "
+            "WHERE session_id = 's'"
+        )
+        batch = pool.submit(store.append, lease, 2, TURN[2 : 2 + size])
+        blocked_backends(admin)
+        taker.commit()  # the batch's statement goes on, and reads the lease row as it is now
+        with pytest.raises(LeaseLostError) as lost:
+            batch.result(WAIT)
+
+    assert str(lost.value) == (
+        "the lease of 'host-a' (epoch 1) on session 's' was taken over by 'host-b' (epoch 2); "
+        "refusing to write"
+    )
+    assert stored_seqs(admin, "s") == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("expected_count", "batch", "written"),
+    [
+        (3, TURN[3:4], 1),  # follows the event committed meanwhile
+        (2, TURN[2:4], 1),  # starts with it: only the rest is written
+        (2, [event("step/start", 2, {"turn": 1, "step": 99})], None),  # differs from it
+    ],
+    ids=["follows it", "repeats it", "differs from it"],
+)
+def test_a_batch_that_waited_for_its_lease_row_counts_what_was_committed_meanwhile(
+    open_store: OpenStore,
+    admin: Admin,
+    postgres_dsn: str,
+    expected_count: int,
+    batch: list[SessionEvent],
+    written: int | None,
+) -> None:
+    store = open_store(lock_timeout=WAIT)
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:2])
+    with psycopg.connect(postgres_dsn) as other, ThreadPoolExecutor(1) as pool:
+        # Another transaction holds the lease row and stores seq 2 under the same lease, as a
+        # batch that the store gave up on (but the server ran anyway) would.
+        other.execute("SELECT FROM kai_sessions.leases WHERE session_id = 's' FOR UPDATE")
+        other.execute(
+            "INSERT INTO kai_sessions.events VALUES ('s', 2, %s, %s, %s)",
+            (TURN[2].type, TURN[2].time, RECORDS[2]),
+        )
+        appended = pool.submit(store.append, lease, expected_count, batch)
+        blocked_backends(admin)
+        other.commit()
+        if written is None:
+            with pytest.raises(SeqMismatchError, match="a different event at that seq"):
+                appended.result(WAIT)
+        else:
+            assert appended.result(WAIT) == written
+
+    assert store.read("s").records == (RECORDS[:3] if written is None else RECORDS[:4])
+
+
+def test_a_batch_whose_event_type_holds_a_newline_is_stored_as_given(
+    open_store: OpenStore, admin: Admin
+) -> None:
+    store = open_store()
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:1])
+    odd = [
+        SessionEvent("x/two\nlines", 1, T0 + 1, {"n": 1}, ignorable=True),
+        SessionEvent("x/one,line", 2, T0 + 2, {"n": 2}, ignorable=True),
+        TURN[3],
+    ]
+
+    assert store.append(lease, 1, odd) == 3
+
+    assert store.read("s").records == (RECORDS[0], *(item.encode() for item in odd))
+    assert fetch(admin, "SELECT seq, type FROM kai_sessions.events ORDER BY seq") == [
+        (0, TURN[0].type),
+        (1, "x/two\nlines"),
+        (2, "x/one,line"),
+        (3, TURN[3].type),
+    ]
+
+
+def test_the_batches_of_a_session_run_one_prepared_statement(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(max_connections=1)
+    lease = store.acquire("s", "host-a", 60)
+    for seq, item in enumerate(TURN):  # the first creates the session; six more, one each
+        store.append(lease, seq, [item])
+
+    with store._pool.connection() as connection:
+        prepared = fetch(
+            connection,
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE %s",
+            "%INSERT INTO%events%FOR UPDATE OF lease%",
+        )
+    # The driver prepares a statement once it has run a few times (psycopg's
+    # prepare_threshold): the same statement for every one-event batch, run prepared since.
+    assert len(prepared) == 1
+    assert prepared[0] >= 1
+    assert store.read("s").records == RECORDS
 
 
 # -- batches of several sessions ----------------------------------------------------------------

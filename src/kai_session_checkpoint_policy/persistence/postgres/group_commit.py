@@ -27,9 +27,9 @@ class _Queued:
 
     __slots__ = ("alone", "batch", "done", "error", "wake")
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, wake: threading.Event | None) -> None:
         self.batch = batch
-        self.wake = threading.Event()  # set once done, or to lead the next commit
+        self.wake = wake  # set once done, or to lead the next commit; None: it leads at once
         self.done = False
         self.alone = False  # the shared transaction refused a batch: write this one on its own
         self.error: BaseException | None = None
@@ -57,12 +57,14 @@ class GroupCommit:
 
     def append(self, store: PostgresSessionStore, batch: Batch) -> None:
         """Make *batch* durable, maybe in one transaction with batches of other sessions."""
-        mine = _Queued(batch)
         with self._lock:
-            self._queue.append(mine)
             leader = not self._committing
+            # Only a batch that waits needs an event to be woken by (made under the lock,
+            # before anyone can see the batch queued).
+            mine = _Queued(batch, None if leader else threading.Event())
+            self._queue.append(mine)
             self._committing = True
-        if not leader:
+        if mine.wake is not None:
             mine.wake.wait()
             leader = not mine.done  # woken to lead the next commit
         if leader:
@@ -75,8 +77,10 @@ class GroupCommit:
                     successor = self._queue[0] if self._queue else None
                     self._committing = successor is not None
                 for queued in group:
-                    queued.wake.set()
+                    if queued.wake is not None:
+                        queued.wake.set()
                 if successor is not None:
+                    assert successor.wake is not None  # it was queued behind a commit
                     successor.wake.set()
         if mine.alone:
             store.append_many([batch])

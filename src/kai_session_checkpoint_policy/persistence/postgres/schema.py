@@ -26,6 +26,8 @@ from typing import Final
 
 __all__ = [
     "APPEND_AT_ONCE",
+    "APPEND_EVENT",
+    "APPEND_EVENTS",
     "DEFAULT_SCHEMA",
     "MIGRATIONS",
     "SCHEMA_VERSION",
@@ -86,8 +88,8 @@ APPEND_AT_ONCE: Final = """
         FOR UPDATE OF lease
     ), ready AS (
         SELECT batch.* FROM batch JOIN held USING (session_id)
-        WHERE batch.expected = coalesce(
-            (SELECT max(seq) + 1 FROM {schema}.events WHERE session_id = batch.session_id), 0)
+        WHERE batch.expected = 0 OR EXISTS (SELECT FROM {schema}.events
+            WHERE session_id = batch.session_id AND seq = batch.expected - 1)
     ), new_sessions AS (
         INSERT INTO {schema}.sessions (session_id, created_at, version, meta)
         SELECT session_id, created_at, %(version)s, meta FROM ready WHERE expected = 0
@@ -106,13 +108,68 @@ APPEND_AT_ONCE: Final = """
     )
     SELECT 1 / (SELECT CASE count(*) WHEN %(count)s THEN 1 ELSE 0 END FROM ready)
 """
-"""Every batch in one statement, if every lease and every stored count is as expected; else
-a division by zero, which undoes the statement
+"""Every batch in one statement, if every lease is held and every stored log ends right before
+its batch; else a division by zero, which undoes the statement
 (:meth:`~.store.PostgresSessionStore.append_many`).
+
+A log ends right before a batch at seq *n* when it holds seq *n - 1* (or *n* is 0) and not seq
+*n*: the first is one probe of the primary key, the second the primary key's own check as the
+batch is inserted (a duplicate fails the statement). Seqs are written without gaps, so that is
+exactly "the log holds *n* events", found without counting them. The probe reads the
+statement's snapshot, taken before it waited for a lease row; a batch committed meanwhile makes
+it refuse (the probe finds too little) or fail (the duplicate), never accept what it should not.
 
 Its parameters are texts, which the client passes without converting them: the batches as a
 JSON array of objects, the events' types as a JSON array, their times joined by commas, and
 their records joined by newlines (a record is one line of JSON, which holds no newline)."""
+
+_NEXT_EVENTS_OF_HELD_LEASE: Final = """
+    WHERE lease.session_id = $1 AND lease.owner = $2 AND lease.epoch = $3
+      AND lease.expires_at > clock_timestamp()
+      AND EXISTS (SELECT FROM {schema}.events WHERE session_id = $1 AND seq = $4 - 1)
+    FOR UPDATE OF lease
+"""
+
+APPEND_EVENT: Final = (
+    """
+    INSERT INTO {schema}.events (session_id, seq, type, time, record)
+    SELECT lease.session_id, $4, $5, $6, $7
+    FROM {schema}.leases AS lease"""
+    + _NEXT_EVENTS_OF_HELD_LEASE
+)
+"""One event appended to a session that holds events already (the common flush: one batch of
+one session), if the session's lease is held and its stored log ends right before the event;
+else nothing is inserted (the statement's row count is 0) or, if the seq is taken, the
+statement fails on the primary key.
+
+Its parameters are numbered (the store runs it on a raw cursor): ``$1`` the session id, ``$2``
+the lease's owner, ``$3`` its epoch, ``$4`` the event's seq (how many events the log must
+hold before it), ``$5`` its type, ``$6`` its time, ``$7`` its record.
+
+The lease row is locked (``FOR UPDATE``), so a takeover waits for the statement to commit, and
+a statement that waited for a takeover reads the row as the takeover left it (PostgreSQL
+checks a row it waited for again): refused. Whether the log ends right before the event is
+checked as :data:`APPEND_AT_ONCE` checks it: a probe of seq ``$4 - 1``, and the primary key's
+check of seq ``$4``. One statement, committed with its reply; the same text every time, so
+the driver prepares it on each connection once it has run a few times, and the server no longer
+parses and plans it for every batch."""
+
+APPEND_EVENTS: Final = (
+    """
+    INSERT INTO {schema}.events (session_id, seq, type, time, record)
+    SELECT lease.session_id, $4 + event.position - 1, event.type, event.time, event.record
+    FROM {schema}.leases AS lease, ROWS FROM (
+        unnest(string_to_array($5, E'\\n')),
+        unnest(string_to_array($6, ',')::bigint[]),
+        unnest(string_to_array($7, E'\\n'))
+    ) WITH ORDINALITY AS event(type, time, record, position)"""
+    + _NEXT_EVENTS_OF_HELD_LEASE
+)
+"""Several events appended to a session that holds events already, checked as
+:data:`APPEND_EVENT`: all of them are inserted, or none. Its parameters are
+:data:`APPEND_EVENT`'s, except that ``$4`` is the first event's seq and ``$5``, ``$6`` and ``$7``
+hold every event's: their types and their records joined by newlines (the caller passes a
+batch with a type that holds one to :data:`APPEND_AT_ONCE`), their times by commas."""
 
 
 def migration_lock_key(schema: str) -> int:

@@ -73,6 +73,8 @@ from ..options import check_seconds
 from ..values import FORMAT_VERSION, SessionHeader
 from .schema import (
     APPEND_AT_ONCE,
+    APPEND_EVENT,
+    APPEND_EVENTS,
     DEFAULT_SCHEMA,
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -246,6 +248,16 @@ class _BoundedConnection(psycopg.Connection[TupleRow]):
     cancel_timeout: float = 1.0
     missed: float | None = None
     """The deadline a round trip missed, which closed the connection; ``None`` while none did."""
+    _raw_cursor: psycopg.RawCursor[TupleRow] | None = None
+
+    def raw_cursor(self) -> psycopg.RawCursor[TupleRow]:
+        """This connection's cursor for statements with numbered parameters (``$1``), made once
+        and kept: creating a cursor per statement costs about as much as converting the
+        statement's parameters."""
+        cursor = self._raw_cursor
+        if cursor is None or cursor.closed:
+            cursor = self._raw_cursor = psycopg.RawCursor(self)
+        return cursor
 
     def wait(self, gen: PQGen[_T], interval: float = 0.1, timeout: float | None = None) -> _T:
         limit = self.round_trip_deadline
@@ -321,7 +333,7 @@ class PostgresSessionStore:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"max_connections must be an integer, at least 1, not {size!r}")
         self.schema: Final = schema
-        self._append_sql: bytes | None = None
+        self._statements: dict[str, bytes] = {}  # composed once each (_statement)
         self.pool_timeout: Final = check_seconds("pool_timeout", pool_timeout)
         self.migration_timeout: Final = check_seconds("migration_timeout", migration_timeout)
         self.lock_timeout: Final = check_seconds("lock_timeout", lock_timeout)
@@ -510,11 +522,12 @@ class PostgresSessionStore:
     def _sql(self, statement: str) -> sql.Composed:
         return sql.SQL(statement).format(schema=sql.Identifier(self.schema))
 
-    def _append_statement(self, connection: _Connection) -> bytes:
-        """The statement of every batch, composed once."""
-        statement = self._append_sql
+    def _statement(self, template: str, connection: _Connection) -> bytes:
+        """*template* with the schema filled in, composed once (the same bytes every time, so
+        that the driver prepares it on each connection once it has run a few times)."""
+        statement = self._statements.get(template)
         if statement is None:
-            statement = self._append_sql = self._sql(APPEND_AT_ONCE).as_bytes(connection)
+            statement = self._statements[template] = self._sql(template).as_bytes(connection)
         return statement
 
     # -- schema ---------------------------------------------------------------------------------
@@ -787,14 +800,18 @@ class PostgresSessionStore:
         if not batches:
             return []
         sessions = [batch.lease.session_id for batch in batches]
-        if len(set(sessions)) != len(sessions):
-            raise ValueError(f"one transaction can take one batch per session, not {sessions}")
-        records = [self._checked_records(batch) for batch in batches]
-        what = f"appending to session {sessions[0]!r}" + (
-            f" and {len(sessions) - 1} more" if len(sessions) > 1 else ""
-        )
+        if len(batches) == 1:
+            what = f"appending to session {sessions[0]!r}"
+            records = [self._checked_records(batches[0])]
+            at_once = self._append_one if batches[0].expected_count else self._append_at_once
+        else:
+            if len(set(sessions)) != len(sessions):
+                raise ValueError(f"one transaction can take one batch per session, not {sessions}")
+            what = f"appending to session {sessions[0]!r} and {len(sessions) - 1} more"
+            records = [self._checked_records(batch) for batch in batches]
+            at_once = self._append_at_once
         try:
-            self._run(what, partial(self._append_at_once, batches, records), single=True)
+            self._run(what, partial(at_once, batches, records), single=True)
         except _NotAtOnce:
             pass  # something is not as expected: the transaction below finds out what
         else:
@@ -872,6 +889,43 @@ class PostgresSessionStore:
 
         return self._run(what, append)
 
+    def _append_one(
+        self, batches: Sequence[Batch], records: list[list[str]], connection: _Connection
+    ) -> None:
+        """Write one batch of a session that holds events already, in one statement
+        (:data:`~.schema.APPEND_EVENT` or :data:`~.schema.APPEND_EVENTS`), which commits with
+        its reply: one round trip.
+
+        The statement inserts the batch only if the lease is held under its epoch and the
+        stored log ends right before the batch; otherwise it inserts nothing.
+
+        :raises _NotAtOnce: if it inserted nothing, or a seq it meant to write is stored
+            already (the caller's transaction then finds out why, and writes what it may).
+        """
+        (batch,), (lines,) = batches, records
+        lease, events = batch.lease, batch.events
+        if len(events) == 1:
+            event = events[0]
+            template = APPEND_EVENT
+            values: tuple[object, ...] = (event.type, event.time, lines[0])
+        else:
+            types = "\n".join([event.type for event in events])
+            if types.count("\n") != len(events) - 1:  # a type that holds a newline
+                self._append_at_once(batches, records, connection)
+                return
+            template = APPEND_EVENTS
+            times = ",".join([str(event.time) for event in events])
+            values = (types, times, "\n".join(lines))
+        try:
+            cursor = connection.raw_cursor().execute(
+                self._statement(template, connection),
+                (lease.session_id, lease.owner, lease.epoch, batch.expected_count, *values),
+            )
+        except psycopg.errors.UniqueViolation:
+            raise _NotAtOnce from None  # a seq is taken: as in _append_at_once
+        if cursor.rowcount != len(events):
+            raise _NotAtOnce
+
     def _append_at_once(
         self, batches: Sequence[Batch], records: list[list[str]], connection: _Connection
     ) -> None:
@@ -888,7 +942,7 @@ class PostgresSessionStore:
         events = [event for batch in batches for event in batch.events]
         try:
             connection.execute(
-                self._append_statement(connection),
+                self._statement(APPEND_AT_ONCE, connection),
                 {
                     "batches": _dumps(
                         [
@@ -914,10 +968,10 @@ class PostgresSessionStore:
         except psycopg.errors.DivisionByZero:
             raise _NotAtOnce from None
         except psycopg.errors.UniqueViolation:
-            # The statement counted the stored events before it waited for the lease row, and
-            # meanwhile another statement stored some at these seqs: one that this store had
-            # given up on (its connection was closed at the deadline) but the server ran
-            # anyway once it answered again. The transaction finds out what is stored now.
+            # A seq of the batch is stored already: a batch whose acknowledgement was lost, or
+            # one that this store had given up on (its connection was closed at the deadline)
+            # but the server ran anyway once it answered again, stored while the statement
+            # waited for the lease row. The transaction finds out what is stored now.
             raise _NotAtOnce from None
 
     @staticmethod
