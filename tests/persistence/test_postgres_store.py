@@ -514,6 +514,36 @@ def test_release_many_gives_up_every_lease_still_held(open_store: OpenStore) -> 
     assert [other.acquire(lease.session_id, "host-b", 60).epoch for lease in leases] == [2, 2, 2]
 
 
+@pytest.mark.parametrize("several", ["renew_many", "release_many"])
+def test_several_leases_are_locked_in_the_order_of_their_sessions(
+    open_store: OpenStore, admin: Admin, postgres_dsn: str, several: str
+) -> None:
+    """A statement that takes several lease rows takes them in the order of their session ids,
+    as a group commit's batch does, whatever order it is given them in: two such statements
+    never wait for each other in a cycle, which the server breaks by failing one of them."""
+    store = open_store(lock_timeout=WAIT)
+    leases = [store.acquire(session_id, "host-a", 60) for session_id in ("a", "b")]
+    lock = "SELECT 1 FROM kai_sessions.leases WHERE session_id = %s FOR UPDATE"
+    with (
+        psycopg.connect(postgres_dsn) as blocker,
+        psycopg.connect(postgres_dsn) as probe,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        blocker.execute(lock, ("a",))
+        call = pool.submit(getattr(store, several), leases[::-1])  # b first
+        blocked_backends(admin)
+        # It waits for a's row, and has not taken b's meanwhile.
+        probe.execute(lock + " NOWAIT", ("b",))
+        probe.rollback()
+        blocker.rollback()
+        done = call.result(WAIT)
+    if several == "renew_many":
+        assert [lease.session_id for lease in done] == ["b", "a"]
+        assert all(isinstance(lease, Lease) for lease in done)
+    else:
+        assert done == 2
+
+
 def test_a_writer_paused_inside_a_batch_delays_a_takeover_only_for_a_bound(
     open_store: OpenStore, admin: Admin
 ) -> None:

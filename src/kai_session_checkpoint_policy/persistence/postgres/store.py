@@ -673,7 +673,9 @@ class PostgresSessionStore:
         """Renew several leases in one statement; each one's renewal, or why it was lost.
 
         A lease is renewed while its row still names its owner and epoch: nobody took it over,
-        so nobody else wrote under it, even if it expired meanwhile.
+        so nobody else wrote under it, even if it expired meanwhile. The rows are locked in the
+        order of their session ids, as a group commit locks them, so that the two never wait for
+        each other in a cycle (a deadlock, which the server would break by failing one).
         """
         if not leases:
             return []
@@ -681,12 +683,20 @@ class PostgresSessionStore:
         def renew(connection: _Connection) -> list[Lease | LeaseLostError]:
             rows = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases AS lease
+                    """WITH held AS (
+                           SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[],
+                               %s::interval[]) AS held(session_id, owner, epoch, ttl)
+                       ), locked AS MATERIALIZED (
+                           SELECT lease.session_id FROM {schema}.leases AS lease
+                           JOIN held USING (session_id)
+                           WHERE lease.owner = held.owner AND lease.epoch = held.epoch
+                           ORDER BY lease.session_id
+                           FOR UPDATE OF lease
+                       )
+                       UPDATE {schema}.leases AS lease
                        SET expires_at = clock_timestamp() + held.ttl
-                       FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::interval[])
-                           AS held(session_id, owner, epoch, ttl)
-                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
-                         AND lease.epoch = held.epoch
+                       FROM held JOIN locked USING (session_id)
+                       WHERE lease.session_id = held.session_id
                        RETURNING lease.session_id, lease.expires_at"""
                 ),
                 (
@@ -720,18 +730,28 @@ class PostgresSessionStore:
         return self.release_many([lease]) == 1
 
     def release_many(self, leases: Sequence[Lease]) -> int:
-        """Give several leases up in one statement; return how many were still held."""
+        """Give several leases up in one statement; return how many were still held. The rows are
+        locked in the order of their session ids, as :meth:`renew_many` locks them."""
         if not leases:
             return 0
 
         def release(connection: _Connection) -> int:
             cursor = connection.execute(
                 self._sql(
-                    """UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
-                       FROM unnest(%s::text[], %s::text[], %s::bigint[])
-                           AS held(session_id, owner, epoch)
-                       WHERE lease.session_id = held.session_id AND lease.owner = held.owner
-                         AND lease.epoch = held.epoch AND lease.expires_at > clock_timestamp()"""
+                    """WITH held AS (
+                           SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[])
+                               AS held(session_id, owner, epoch)
+                       ), locked AS MATERIALIZED (
+                           SELECT lease.session_id FROM {schema}.leases AS lease
+                           JOIN held USING (session_id)
+                           WHERE lease.owner = held.owner AND lease.epoch = held.epoch
+                           ORDER BY lease.session_id
+                           FOR UPDATE OF lease
+                       )
+                       UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
+                       FROM locked
+                       WHERE lease.session_id = locked.session_id
+                         AND lease.expires_at > clock_timestamp()"""
                 ),
                 (
                     [lease.session_id for lease in leases],
