@@ -568,9 +568,8 @@ class WriteBehind(ABC, Generic[H]):
         await self._drain(writer)
 
     async def _round(self, *, shielded: bool) -> None:
-        """One scheduler round, counted while it lasts; not a cancel point for anyio's
-        cancellation if the caller is *shielded* already, or if it is not: then it makes its
-        own shield."""
+        """One scheduler round, counted while it lasts, which anyio's cancellation does not
+        interrupt: a *shielded* caller's shield covers it; otherwise it makes its own."""
         self._rounds += 1
         try:
             if shielded:
