@@ -222,19 +222,26 @@ SLOW_FSYNC_CHILD: Final = SUPPORT / "slow_fsync_child.py"
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="the child waits on Task.cancelling()")
+@pytest.mark.parametrize("where", ["to the process", "in the writing thread"])
 def test_sigint_during_a_slow_fsync_of_the_tool_checkpoint_leaves_a_whole_log(
-    tmp_path: Path,
+    tmp_path: Path, where: str
 ) -> None:
+    """Ctrl-C while the tool checkpoint's fsync is slow: sent to the process, or reaching the
+    worker thread that writes (the event loop, waiting for that write, must still wake)."""
     marker, root, ledger = tmp_path / "marker", tmp_path / "sessions", tmp_path / "ledger.jsonl"
     marker.write_bytes(b"")
-    command = [sys.executable, str(SLOW_FSYNC_CHILD), str(marker), "agent", "--root", str(root)]
-    command += ["--session", "s", "--ledger", str(ledger), "--batch-window", "3600"]
+    in_worker = where == "in the writing thread"
+    command = [sys.executable, str(SLOW_FSYNC_CHILD), str(marker)]
+    command += ["--signal-in-worker"] if in_worker else []
+    command += ["agent", "--root", str(root), "--session", "s", "--ledger", str(ledger)]
+    command += ["--batch-window", "3600"]
     child = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         wait_for_marker(child, marker, "fsync-started")
-        child.send_signal(signal.SIGINT)
+        if not in_worker:
+            child.send_signal(signal.SIGINT)
         _out, errors = child.communicate(timeout=MARKER_TIMEOUT)
     finally:
         reap(child)

@@ -39,9 +39,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn, TextIO, cast
@@ -64,7 +65,7 @@ from .output import (
 from .persistence.core import DEFAULT_BATCH_WINDOW
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+    from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 
     from .host import ModelAdapter
     from .host.approvals import ApprovalQuestion, Approver
@@ -487,9 +488,43 @@ async def _agent(args: argparse.Namespace) -> int:
     from .demo import DemoError
 
     try:
-        return await _run_agent(args)
+        with _signals_wake_the_loop():
+            return await _run_agent(args)
     except DemoError as exc:
         raise _DemoFailed from exc
+
+
+@contextmanager
+def _signals_wake_the_loop() -> Iterator[None]:
+    """Let a signal wake the running asyncio event loop, whichever thread it reaches.
+
+    asyncio's runner meets Ctrl-C with a handler that runs when the main thread runs Python
+    again. A signal that reaches a worker thread (one writing a checkpoint, say) while the loop
+    waits for that very write would leave the loop asleep, and the handler with it: a byte
+    written for each signal to a socket the loop reads wakes it. (Trio does this itself.)
+    """
+    loop = asyncio._get_running_loop()  # None off asyncio
+    if loop is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+
+    def drain() -> None:
+        with suppress(OSError):  # empty: BlockingIOError
+            while reader.recv(4096):
+                pass
+
+    loop.add_reader(reader.fileno(), drain)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        loop.remove_reader(reader.fileno())
+        reader.close()
+        writer.close()
 
 
 async def _run_agent(args: argparse.Namespace) -> int:

@@ -1,7 +1,10 @@
 """``kai-checkpoint agent`` on a disk whose fsync of the tool checkpoint is slow, for SIGINT tests.
 
-Run as ``python slow_fsync_child.py MARKER ARGS...``: ARGS are the command line of
-``kai-checkpoint``. The fsync that follows the write of a ``tool/call`` writes
+Run as ``python slow_fsync_child.py MARKER [--signal-in-worker] ARGS...``: ARGS are the
+command line of ``kai-checkpoint``. With ``--signal-in-worker``, the write goes to a worker
+thread, and that thread sends SIGINT to itself once the slow fsync has started (instead of the
+test sending it to the process): the signal reaches a thread that is not the event loop's.
+The fsync that follows the write of a ``tool/call`` writes
 ``fsync-started`` into MARKER, and then does not finish until the agent's task has been
 cancelled (by the SIGINT the test sends): the cancellation is sure to land while the write is
 in flight. Nothing else about the file layer changes.
@@ -10,6 +13,7 @@ in flight. Nothing else about the file layer changes.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import threading
 import time
@@ -24,7 +28,7 @@ _main_task: list[asyncio.Task[object]] = []
 _slow_next = threading.Event()
 
 
-def _patch(marker: Path) -> None:
+def _patch(marker: Path, *, signal_in_worker: bool) -> None:
     encode, fsync, agent = JsonlSessionPersistence._encode, OsFiles.fsync, cli._agent
 
     def patched_encode(
@@ -38,6 +42,9 @@ def _patch(marker: Path) -> None:
         if _slow_next.is_set():
             _slow_next.clear()
             write_marker(marker, "fsync-started")
+            if signal_in_worker:
+                assert threading.current_thread() is not threading.main_thread()
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
             deadline = time.monotonic() + 30
             while not _cancelling() and time.monotonic() < deadline:
                 time.sleep(0.005)  # the slow disk: it finishes once the cancellation is in
@@ -49,6 +56,10 @@ def _patch(marker: Path) -> None:
         _main_task.append(task)
         return await agent(args)  # type: ignore[arg-type]
 
+    if signal_in_worker:
+        JsonlSessionPersistence._may_write_inline = (  # type: ignore[method-assign]
+            lambda self, writer: False
+        )
     JsonlSessionPersistence._encode = patched_encode  # type: ignore[method-assign]
     OsFiles.fsync = patched_fsync  # type: ignore[method-assign]
     cli._agent = patched_agent
@@ -61,5 +72,7 @@ def _cancelling() -> bool:
 
 
 if __name__ == "__main__":
-    _patch(Path(sys.argv[1]))
-    sys.exit(cli.main(sys.argv[2:]))
+    arguments = sys.argv[2:]
+    in_worker = arguments[:1] == ["--signal-in-worker"]
+    _patch(Path(sys.argv[1]), signal_in_worker=in_worker)
+    sys.exit(cli.main(arguments[1:] if in_worker else arguments))
