@@ -120,6 +120,17 @@ key."""
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
+_LOCKED_IN_ORDER: Final = """, locked AS MATERIALIZED (
+        SELECT lease.session_id FROM {schema}.leases AS lease JOIN held USING (session_id)
+        WHERE lease.owner = held.owner AND lease.epoch = held.epoch
+        ORDER BY lease.session_id
+        FOR UPDATE OF lease
+    )"""
+"""The rows of the leases in ``held`` that still name their owner and epoch, locked in the
+order of their session ids, as a group commit locks them: statements that lock several lease
+rows never wait for each other in a cycle."""
+
+
 def check_storable_id(session_id: object) -> str:
     """*session_id*, if a database can store it: a non-empty string that is valid UTF-8 text
     (no lone surrogate), holds no NUL character, and is at most :data:`MAX_SESSION_ID_BYTES`
@@ -741,13 +752,9 @@ class PostgresSessionStore:
                     """WITH held AS (
                            SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[])
                                AS held(session_id, owner, epoch)
-                       ), locked AS MATERIALIZED (
-                           SELECT lease.session_id FROM {schema}.leases AS lease
-                           JOIN held USING (session_id)
-                           WHERE lease.owner = held.owner AND lease.epoch = held.epoch
-                           ORDER BY lease.session_id
-                           FOR UPDATE OF lease
-                       )
+                       )"""
+                    + _LOCKED_IN_ORDER
+                    + """
                        UPDATE {schema}.leases AS lease SET expires_at = clock_timestamp()
                        FROM locked
                        WHERE lease.session_id = locked.session_id
