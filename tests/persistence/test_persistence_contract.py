@@ -396,9 +396,15 @@ async def test_the_window_writes_in_the_background_while_events_keep_coming(kit:
                 session.append("assistant/chunk", {"n": session.seq})
                 await anyio.sleep(0.001)
         # Written with no flush while events kept arriving; the last ones may have arrived
-        # during the write, or not, as the machine's speed decides.
-        assert session.seq >= backend.durable_count("window") > 0
-        assert len(kit.stored("window")) == backend.durable_count("window")
+        # during the write, or not, as the machine's speed decides. The next window's write
+        # may be landing in a worker thread right now: the count read here is what the store
+        # holds at least.
+        durable = backend.durable_count("window")
+        assert session.seq >= durable > 0
+        assert len(kit.stored("window")) >= durable
+        appended = session.seq
+    # Closing the host drained the rest.
+    assert [event["seq"] for event in kit.stored("window")] == list(range(appended))
 
 
 async def test_concurrent_flushes_share_one_barrier_that_drains_late_events(kit: Kit) -> None:
