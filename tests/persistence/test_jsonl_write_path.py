@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -310,12 +310,13 @@ async def test_a_failed_background_batch_is_written_again_in_the_next_window(
     ]
 
 
-def on_a_virtual_clock() -> object:
-    """trio on a clock that jumps to the next deadline once every task has waited a moment (a
-    worker thread's write counts as waiting: a jump during one only makes fewer tries)."""
+def on_a_virtual_clock(threshold: float = 0.05) -> object:
+    """trio on a clock that jumps to the next deadline once every task has waited *threshold*
+    seconds (a worker thread's write counts as waiting: a jump during one only makes fewer
+    tries)."""
     from trio.testing import MockClock
 
-    return ("trio", {"clock": MockClock(autojump_threshold=0.05)})
+    return ("trio", {"clock": MockClock(autojump_threshold=threshold)})
 
 
 @pytest.mark.parametrize("anyio_backend", [on_a_virtual_clock()], ids=["trio-virtual-clock"])
@@ -339,3 +340,39 @@ async def test_a_write_that_keeps_failing_is_tried_less_and_less_often(
     assert 2 <= tries <= 13, tries
     errors = [record.getMessage() for record in caplog.records if record.levelname == "ERROR"]
     assert len(errors) == 1, errors  # the first failure; the retries are not logged again
+
+
+@pytest.mark.parametrize("anyio_backend", [on_a_virtual_clock(0)], ids=["trio-virtual-clock"])
+async def test_a_session_that_keeps_flushing_keeps_one_window_timer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each window is flushed before it expires, so the timer always wakes to a closed window;
+    it ends only once no new window opened while it slept."""
+    starts = 0
+    timer = core_module.WriteBehind._window_timer
+
+    async def counted(self: JsonlSessionPersistence, *args: Any) -> None:
+        nonlocal starts
+        starts += 1
+        await timer(self, *args)
+
+    monkeypatch.setattr(core_module.WriteBehind, "_window_timer", counted)
+    # Every flush writes on the loop, so that the clock jumps only when the test sleeps.
+    backend = JsonlSessionPersistence(tmp_path, batch_window=0.01, inline_write_limit=60)
+    async with Host([backend]) as host:
+        session = host.sessions.create("busy")
+        session.append("turn/start", {"turn": 1})
+        await host.sessions.flush(session)  # the log exists: later flushes write on the loop
+        await anyio.sleep(0.05)  # the first window's timer ends
+        for step in range(30):  # 30 steps of 4 ms: a dozen windows, each flushed
+            session.append("step/start", {"turn": 1, "step": step})  # opens a window
+            await host.sessions.flush(session)
+            await anyio.sleep(0.004)
+        assert starts == 2  # the first window's timer, then one for all 30 steps
+        assert backend.statistics().batches == 31  # every batch by a flush, none by a timer
+        await anyio.sleep(0.05)  # idle: the timer finds no new window, and ends
+        session.append("turn/end", {"turn": 1})  # a new window: a new timer
+        await anyio.sleep(0.02)  # the window expires: its timer writes it
+        assert await host.sessions.flush(session)  # waits for that write
+        assert starts == 3
+        assert backend.durable_count("busy") == 32

@@ -623,8 +623,11 @@ class WriteBehind(ABC, Generic[H]):
 
         One task serves the windows of a writer in turn: if the window it waits for was closed
         (by a flush) and a new one opened meanwhile, it waits on for the new one's deadline, so
-        a session that flushes every few events does not start a task for every window. The
-        task ends early (*scope* cancelled) when its session is released.
+        a session that flushes every few events does not start a task for every window. Found
+        with no window open, it ends only if none opened since it last looked: a session that
+        is busy flushing keeps its task (one wake-up a window) rather than starting one for
+        every window the timer finds already flushed. The task ends early (*scope* cancelled)
+        when its session is released.
         """
         window = writer.window
         number, deadline = window.number, window.deadline
@@ -638,9 +641,12 @@ class WriteBehind(ABC, Generic[H]):
                         async with writer.lane:
                             if writer.window_is(number):  # no flush took it meanwhile
                                 await self._write_in_background(writer)
-                    if not window.is_open:
+                    if window.is_open:
+                        number, deadline = window.number, window.deadline
+                    elif window.number != number:  # opened and flushed since: look again later
+                        number, deadline = window.number, _current_time() + self.batch_window
+                    else:
                         return
-                    number, deadline = window.number, window.deadline
         finally:
             if window.timer is scope:
                 window.timer = None
