@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -14,11 +15,17 @@ import pytest
 from kai_session_checkpoint_policy import Host
 from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence, OsFiles
 from kai_session_checkpoint_policy.persistence import core as core_module
-from kai_session_checkpoint_policy.persistence.workers import _Workers, loop_is_idle
+from kai_session_checkpoint_policy.persistence.workers import (
+    _Job,
+    _Returns,
+    _Workers,
+    loop_is_idle,
+)
 
 from ..support.persistence_helpers import FailingFiles, GatedFiles
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 pytestmark = pytest.mark.anyio
@@ -74,6 +81,67 @@ async def test_at_most_limit_threads_run_jobs_the_rest_wait() -> None:
         assert order == ["first"]  # one thread, busy: the second job waits in the queue
         release.set()
     assert order == ["first", "second"]
+
+
+async def test_jobs_that_end_while_the_loop_is_busy_wake_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    workers = _Workers()
+    scheduled: list[object] = []
+    returns_of = _Workers._returns_of
+
+    def counted_returns_of(
+        self: _Workers, loop: object, schedule: Callable[[Callable[[], object]], object]
+    ) -> _Returns:
+        def counted(callback: Callable[[], object]) -> object:
+            scheduled.append(callback)
+            return schedule(callback)
+
+        return returns_of(self, loop, counted)
+
+    handed_back = threading.Semaphore(0)
+    add = _Returns.add
+
+    def noted_add(self: _Returns, job: _Job[Any]) -> None:
+        add(self, job)
+        handed_back.release()
+
+    monkeypatch.setattr(_Workers, "_returns_of", counted_returns_of)
+    monkeypatch.setattr(_Returns, "add", noted_add)
+    started, go = threading.Semaphore(0), threading.Event()
+    results: list[int] = []
+
+    def job(number: int) -> int:
+        started.release()
+        assert go.wait(10)
+        return number
+
+    async def run(number: int) -> None:
+        results.append(await workers.run(partial(job, number)))
+
+    async with anyio.create_task_group() as group:
+        for number in range(3):
+            group.start_soon(run, number)
+        await anyio.to_thread.run_sync(lambda: [started.acquire(timeout=10) for _ in range(3)])
+        # The loop's thread blocks while the three jobs end and are handed back.
+        go.set()
+        for _ in range(3):
+            assert handed_back.acquire(timeout=10)
+    assert sorted(results) == [0, 1, 2]
+    assert len(scheduled) == 1  # one wake-up for the three
+
+
+def test_a_hand_back_to_an_ended_loop_is_dropped() -> None:
+    tries: list[object] = []
+
+    def ended(callback: Callable[[], object]) -> object:
+        tries.append(callback)
+        raise RuntimeError("Event loop is closed")
+
+    returns = _Returns(object(), ended)
+    returns.add(_Job(lambda: None))
+    returns.add(_Job(lambda: None))
+    assert len(tries) == 2  # each tried on its own: nothing is kept for a loop that is gone
 
 
 async def test_a_window_opened_after_a_flush_is_still_written_in_the_background(

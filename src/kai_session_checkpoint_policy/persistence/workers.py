@@ -16,11 +16,9 @@ raised once the job is over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
-from functools import partial
-from typing import TYPE_CHECKING, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -75,19 +73,19 @@ def _trio_is_idle() -> bool:
 class _Job(Generic[T]):
     """A blocking call handed to a worker thread, and how its caller learns that it is over.
 
-    The thread runs :attr:`func`, keeps its outcome, and as its very last step calls
-    :attr:`notify` once; ``notify`` runs :meth:`finish` on the event loop's thread.
+    The thread runs :attr:`func`, keeps its outcome, and as its very last step hands the job
+    to :attr:`returns`, which ends it on the event loop's thread (:meth:`finish`).
     """
 
-    __slots__ = ("error", "finished", "func", "notify", "result", "waiter")
+    __slots__ = ("error", "finished", "func", "result", "returns", "waiter")
 
-    def __init__(self, func: Callable[[], T]) -> None:
+    def __init__(self, func: Callable[[], T], returns: _Returns | None = None) -> None:
         self.func: Callable[[], T] | None = func
         self.result: T | None = None
         self.error: BaseException | None = None
         self.finished = False  # set on the event loop's thread
         self.waiter: asyncio.Future[None] | anyio.Event | None = None
-        self.notify: Callable[[], object] = lambda: None
+        self.returns = returns
 
     def run(self) -> None:
         """Run the call (in the worker thread), then let go of it.
@@ -123,6 +121,44 @@ class _Job(Generic[T]):
         return self.result  # type: ignore[return-value]  # set by run() when error is None
 
 
+class _Returns:
+    """The jobs of one event loop that are over, handed back with one wake-up of the loop for
+    all those that end before it gets to them.
+
+    ``call_soon_threadsafe`` (and trio's ``run_sync_soon``) writes to the loop's wake-up socket
+    on every call; many sessions writing at once would wake a busy loop once for every job.
+    Here the first job over schedules the callback that ends them all, and the jobs that end
+    before it runs join it.
+    """
+
+    __slots__ = ("_lock", "_over", "_schedule", "loop")
+
+    def __init__(self, loop: object, schedule: Callable[[Callable[[], object]], object]) -> None:
+        self.loop = loop  # the asyncio loop or trio token whose jobs these are
+        self._schedule = schedule
+        self._lock = threading.Lock()
+        self._over: list[_Job[Any]] = []
+
+    def add(self, job: _Job[Any]) -> None:
+        """Hand *job*, over, back to its loop (in the worker thread)."""
+        with self._lock:
+            over = self._over
+            over.append(job)
+            if len(over) > 1:
+                return  # the callback that ends it is scheduled, and has yet to run
+        try:
+            self._schedule(self._finish)
+        except RuntimeError:  # the loop has ended: nobody waits any more
+            with self._lock:
+                self._over.clear()
+
+    def _finish(self) -> None:
+        with self._lock:
+            over, self._over = self._over, []
+        for job in over:
+            job.finish()
+
+
 async def _wait_on_asyncio(job: _Job[T], loop: asyncio.AbstractEventLoop) -> None:
     """Wait until *job* is over; a cancellation met meanwhile is raised afterwards."""
     cancelled: BaseException | None = None
@@ -148,12 +184,13 @@ class _Workers:
 
     ``anyio.to_thread.run_sync`` takes longer to hand a call over and back (a capacity
     limiter, scheduler checkpoints, a condition variable) than a small fsync takes. Here a job
-    goes to an idle thread through a ``SimpleQueue``, and the thread's very last step is one
-    call into the event loop that ends the job (``call_soon_threadsafe`` on asyncio,
-    ``run_sync_soon`` on trio), so the waiting task resumes while the thread is already
-    blocked on the queue again. A thread is started when none is idle, up to ``limit`` (as
-    anyio's default limiter), and ends after ``idle_seconds`` without work. An event loop
-    other than asyncio or trio falls back to ``anyio.to_thread.run_sync``.
+    goes to an idle thread through a ``SimpleQueue``, and the thread's very last step hands it
+    back to the event loop (:class:`_Returns`: ``call_soon_threadsafe`` on asyncio,
+    ``run_sync_soon`` on trio, once for all the jobs that end before the loop gets to them),
+    so the waiting task resumes while the thread is already blocked on the queue again. A
+    thread is started when none is idle, up to ``limit`` (as anyio's default limiter), and
+    ends after ``idle_seconds`` without work. An event loop other than asyncio or trio falls
+    back to ``anyio.to_thread.run_sync``.
     """
 
     def __init__(self, *, limit: int = 40, idle_seconds: float = 10.0) -> None:
@@ -163,6 +200,7 @@ class _Workers:
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0  # threads waiting for a job, minus jobs queued; changed under the lock
+        self._local = threading.local()  # the hand-back of the loop running in each thread
 
     async def run(self, func: Callable[[], T]) -> T:
         """Call *func* in a worker thread and return (or raise) what it did, once it is over.
@@ -183,7 +221,7 @@ class _Workers:
     async def _run(self, job: _Job[T]) -> None:
         loop = _asyncio_loop()
         if loop is not None:
-            job.notify = partial(loop.call_soon_threadsafe, job.finish)
+            job.returns = self._returns_of(loop, loop.call_soon_threadsafe)
             self._submit(job)
             await _wait_on_asyncio(job, loop)
             return
@@ -191,9 +229,19 @@ class _Workers:
         if token is None:  # another event loop: anyio's own threads
             job.result = await anyio.to_thread.run_sync(job.run_here)
             return
-        job.notify = partial(token.run_sync_soon, job.finish)
+        job.returns = self._returns_of(token, token.run_sync_soon)
         self._submit(job)
         await _wait_on_trio(job)
+
+    def _returns_of(
+        self, loop: object, schedule: Callable[[Callable[[], object]], object]
+    ) -> _Returns:
+        """The hand-back of *loop*, the event loop running in this thread: kept per thread, so
+        that an ended loop is held only until the thread runs another."""
+        returns: _Returns | None = getattr(self._local, "returns", None)
+        if returns is None or returns.loop is not loop:
+            returns = self._local.returns = _Returns(loop, schedule)
+        return returns
 
     def _submit(self, job: _Job[T]) -> None:
         with self._lock:
@@ -219,9 +267,10 @@ class _Workers:
             job.run()
             with self._lock:
                 self._idle += 1
-            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits any more
-                job.notify()
-            del job  # while idle, hold nothing of the last job
+            returns = job.returns
+            if returns is not None:
+                returns.add(job)
+            del job, returns  # while idle, hold nothing of the last job
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
