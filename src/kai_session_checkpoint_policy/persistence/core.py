@@ -98,12 +98,28 @@ class _WholeLog:
 class _Barrier:
     """One flush in progress that later flushes of the same session join."""
 
-    __slots__ = ("done", "drained", "error")
+    __slots__ = ("_done", "drained", "error", "over")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
         self.error: Exception | None = None
         self.drained = False  # whether its leader saw the queue empty
+        self.over = False  # whether its leader is done
+        self._done: anyio.Event | None = None  # made for the first flush that joins it
+
+    async def wait(self) -> None:
+        """Wait until the leader is done (a cancel point even if it is)."""
+        done = self._done
+        if done is None:
+            done = self._done = anyio.Event()
+            if self.over:
+                done.set()
+        await done.wait()
+
+    def end(self) -> None:
+        """Mark the leader done, and wake the flushes that joined."""
+        self.over = True
+        if self._done is not None:
+            self._done.set()
 
 
 def _current_time() -> float:
@@ -539,7 +555,7 @@ class WriteBehind(ABC, Generic[H]):
         settled = False  # whether this is just back from a scheduler round (loop_is_idle)
         while True:
             while (barrier := writer.barrier) is not None:
-                await barrier.done.wait()
+                await barrier.wait()
                 if barrier.error is not None:
                     raise barrier.error
                 if barrier.drained:
@@ -616,7 +632,7 @@ class WriteBehind(ABC, Generic[H]):
         finally:
             if writer.barrier is barrier:
                 writer.barrier = None
-            barrier.done.set()
+            barrier.end()
 
     async def _window_timer(self, writer: Writer[H], scope: anyio.CancelScope) -> None:
         """Write each window's batch when the window expires, one window after another.
