@@ -190,21 +190,33 @@ def _raw_pairs(path: Path, steps: int) -> None:
 
 
 def _rate(worker: Callable[[int, threading.Event], int], clients: int, seconds: float) -> float:
-    """Operations per second of *clients* threads running *worker* until told to stop."""
+    """Operations per second of *clients* threads running *worker* until told to stop.
+
+    :raises RuntimeError: if a client failed (a rate of fewer clients would pass for theirs).
+    """
     stop = threading.Event()
     done = [0] * clients
+    failures: list[BaseException] = []
 
     def run(index: int) -> None:
-        done[index] = worker(index, stop)
+        try:
+            done[index] = worker(index, stop)
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
 
     threads = [threading.Thread(target=run, args=(index,)) for index in range(clients)]
     start = time.perf_counter()
     for thread in threads:
         thread.start()
-    time.sleep(seconds)
+    stop.wait(seconds)  # ended early if a client fails
     stop.set()
     for thread in threads:
         thread.join()
+    if failures:
+        raise RuntimeError(
+            f"{len(failures)} of {clients} clients failed, the first with {failures[0]!r}"
+        ) from failures[0]
     return sum(done) / (time.perf_counter() - start)
 
 
@@ -357,6 +369,12 @@ def _insert_loop(dsn: str) -> Callable[[int, threading.Event], int]:
     return commits
 
 
+def server_settings(plan: StepPlan) -> dict[str, str]:
+    """The benchmark server's settings beside the tests' own: a connection for every client of
+    the commit loop, and room for the library's and the peer's."""
+    return {"max_connections": str(plan.sessions + 50)}
+
+
 def _postgres(plan: StepPlan, loops: Sequence[str]) -> dict[str, object]:
     from tests.support.postgres_server import PostgresServer, find_binaries, missing
 
@@ -365,7 +383,7 @@ def _postgres(plan: StepPlan, loops: Sequence[str]) -> dict[str, object]:
     if problem is not None:
         return {"skipped": f"the PostgreSQL figures need what is missing here: {problem}"}
     assert binaries is not None
-    with PostgresServer.start_new(binaries) as server:
+    with PostgresServer.start_new(binaries, server_settings(plan)) as server:
         _Timer.server = _server_cpu(server.data)
         try:
             return _postgres_figures(server.dsn_for(server.create_database()), plan, loops)

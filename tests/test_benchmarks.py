@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Generator
 from pathlib import Path
 
@@ -353,6 +354,39 @@ def test_many_sessions_and_memory_are_measured(quick_run: tuple[dict[str, object
     assert _dig(memory, "events") == 20_000
     assert _number(memory, "live_mib") > 0
     assert _number(memory, "resumed_mib") > 0
+
+
+def test_a_rate_with_a_failed_client_is_refused() -> None:
+    from benchmarks.steps import _rate
+
+    def worker(index: int, stop: threading.Event) -> int:
+        if index == 1:
+            raise OSError("too many clients already")
+        stop.wait(10)
+        return 1000
+
+    with pytest.raises(RuntimeError, match=r"^1 of 3 clients failed, the first with OSError\("):
+        _rate(worker, 3, 10)  # ends as the client fails, not after 10 seconds
+
+
+def test_the_steps_server_has_a_connection_for_every_client_of_the_commit_loop() -> None:
+    from benchmarks.steps import FULL_STEPS, _insert_loop, _rate, server_settings
+
+    from tests.support.postgres_server import PostgresServer, find_binaries, require_binaries
+
+    binaries = require_binaries(find_binaries())
+    clients = FULL_STEPS.sessions
+    for settings, refused in (({}, True), (server_settings(FULL_STEPS), False)):
+        with PostgresServer.start_new(binaries, settings) as server:
+            database = server.create_database()
+            with server.admin(database) as admin:
+                admin.execute("CREATE TABLE kai_bench_rows (line text)")
+            dsn = server.dsn_for(database)
+            if refused:  # the tests' own settings: fewer connections than clients
+                with pytest.raises(RuntimeError, match="too many clients already"):
+                    _rate(_insert_loop(dsn), clients, 0.2)
+            else:
+                assert _rate(_insert_loop(dsn), clients, 0.2) > 0
 
 
 def test_a_peer_that_is_not_installed_is_skipped_with_a_note(

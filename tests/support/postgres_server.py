@@ -29,7 +29,7 @@ from urllib.parse import quote
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
     import psycopg
 
@@ -181,8 +181,13 @@ class PostgresServer:
 
     @classmethod
     @contextlib.contextmanager
-    def start_new(cls, binaries: Binaries) -> Iterator[PostgresServer]:
-        """Create, start and yield a server; stop it and remove its directories on exit."""
+    def start_new(
+        cls, binaries: Binaries, settings: Mapping[str, str] | None = None
+    ) -> Iterator[PostgresServer]:
+        """Create, start and yield a server; stop it and remove its directories on exit.
+
+        *settings*: ``postgresql.conf`` settings beside (or instead of) the tests' own.
+        """
         account = _server_account()
         base = Path(tempfile.mkdtemp(prefix="kai-pg-"))
         try:
@@ -194,7 +199,7 @@ class PostgresServer:
             if account is not None:
                 for path in (base, server.socket_dir):
                     os.chown(path, *account)
-            server._initdb()
+            server._initdb(settings or {})
             server.start()
             try:
                 with server.admin() as admin:
@@ -239,7 +244,7 @@ class PostgresServer:
             )
         return result.returncode
 
-    def _initdb(self) -> None:
+    def _initdb(self, overrides: Mapping[str, str]) -> None:
         self._run(
             self.binaries.initdb,
             "--pgdata",
@@ -265,6 +270,7 @@ class PostgresServer:
             "full_page_writes": "on",
             "max_connections": "50",
             "shared_buffers": "32MB",
+            **overrides,
         }
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("\n# Set by the tests\n")
