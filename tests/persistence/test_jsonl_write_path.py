@@ -83,6 +83,17 @@ async def test_at_most_limit_threads_run_jobs_the_rest_wait() -> None:
     assert order == ["first", "second"]
 
 
+async def test_a_hundred_jobs_waiting_for_each_other_each_get_a_thread() -> None:
+    """As 100 sessions' writes waiting for the group commit that takes them all: none ends
+    before every one has started, so a smaller pool would wait for ever."""
+    workers = _Workers()
+    everyone = threading.Barrier(100, timeout=10)
+    async with anyio.create_task_group() as group:
+        for _ in range(100):
+            group.start_soon(workers.run, everyone.wait)
+    assert not everyone.broken
+
+
 async def test_jobs_that_end_while_the_loop_is_busy_wake_it_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
