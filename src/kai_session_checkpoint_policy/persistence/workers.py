@@ -79,13 +79,13 @@ class _Job(Generic[T]):
 
     __slots__ = ("error", "finished", "func", "result", "returns", "waiter")
 
-    def __init__(self, func: Callable[[], T], returns: _Returns | None = None) -> None:
+    def __init__(self, func: Callable[[], T]) -> None:
         self.func: Callable[[], T] | None = func
         self.result: T | None = None
         self.error: BaseException | None = None
         self.finished = False  # set on the event loop's thread
         self.waiter: asyncio.Future[None] | anyio.Event | None = None
-        self.returns = returns
+        self.returns: _Returns | None = None  # set by the worker pool as it submits the job
 
     def run(self) -> None:
         """Run the call (in the worker thread), then let go of it.
