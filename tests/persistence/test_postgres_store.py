@@ -705,15 +705,49 @@ def test_the_batches_of_a_session_run_one_prepared_statement(
     with store._pool.connection() as connection:
         prepared = fetch(
             connection,
-            "SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+            "SELECT name, generic_plans + custom_plans FROM pg_prepared_statements "
             "WHERE statement LIKE %s",
             "%INSERT INTO%events%FOR UPDATE OF lease%",
         )
-    # The driver prepares a statement once it has run a few times (psycopg's
-    # prepare_threshold): the same statement for every one-event batch, run prepared since.
-    assert len(prepared) == 1
-    assert prepared[0] >= 1
+    # Prepared by the store on its first use: one statement for every one-event batch.
+    assert prepared == [("kai_append_event", len(TURN) - 1)]
     assert store.read("s").records == RECORDS
+
+
+def test_a_prepared_statement_the_connection_lost_is_prepared_again(
+    open_store: OpenStore,
+) -> None:
+    # psycopg runs DEALLOCATE ALL on a connection after a rollback or a schema change, which
+    # drops the store's own prepared statements too.
+    store = open_store(max_connections=1)
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:1])
+    store.append(lease, 1, TURN[1:2])  # prepared
+    with store._pool.connection() as connection:
+        connection.execute("DEALLOCATE ALL")
+    assert store.append(lease, 2, TURN[2:3]) == 1
+    assert store.append(lease, 3, TURN[3:5]) == 2
+
+    # A batch refused inside a transaction (a gap) rolls it back; the next batch still goes.
+    with pytest.raises(SeqMismatchError):
+        store.append(lease, 9, TURN[5:6])
+    assert store.append(lease, 5, TURN[5:6]) == 1
+    assert store.append(lease, 6, TURN[6:]) == 1
+    assert store.read("s").records == RECORDS
+
+
+def test_an_error_of_the_prepared_statement_is_the_servers(
+    open_store: OpenStore, admin: Admin
+) -> None:
+    store = open_store(max_connections=1)
+    lease = store.acquire("s", "host-a", 60)
+    store.append(lease, 0, TURN[:1])
+    admin.execute("ALTER TABLE kai_sessions.events ADD CHECK (length(record) < 20) NOT VALID")
+    with pytest.raises(PersistenceError) as refused:
+        store.append(lease, 1, TURN[1:2])
+    assert isinstance(refused.value.__cause__, psycopg.errors.CheckViolation)
+    assert "violates check constraint" in str(refused.value)
+    assert stored_seqs(admin, "s") == [0]
 
 
 # -- batches of several sessions ----------------------------------------------------------------

@@ -142,17 +142,16 @@ one session), if the session's lease is held and its stored log ends right befor
 else nothing is inserted (the statement's row count is 0) or, if the seq is taken, the
 statement fails on the primary key.
 
-Its parameters are numbered (the store runs it on a raw cursor): ``$1`` the session id, ``$2``
-the lease's owner, ``$3`` its epoch, ``$4`` the event's seq (how many events the log must
-hold before it), ``$5`` its type, ``$6`` its time, ``$7`` its record.
+Its parameters are numbered (the store prepares it itself, with their types): ``$1`` the
+session id, ``$2`` the lease's owner, ``$3`` its epoch, ``$4`` the event's seq (how many events
+the log must hold before it), ``$5`` its type, ``$6`` its time, ``$7`` its record.
 
 The lease row is locked (``FOR UPDATE``), so a takeover waits for the statement to commit, and
 a statement that waited for a takeover reads the row as the takeover left it (PostgreSQL
 checks a row it waited for again): refused. Whether the log ends right before the event is
 checked as :data:`APPEND_AT_ONCE` checks it: a probe of seq ``$4 - 1``, and the primary key's
-check of seq ``$4``. One statement, committed with its reply; the same text every time, so
-the driver prepares it on each connection once it has run a few times, and the server no longer
-parses and plans it for every batch."""
+check of seq ``$4``. One statement, committed with its reply, prepared once on each connection,
+so that the server does not parse and plan it for every batch."""
 
 APPEND_EVENTS: Final = (
     """

@@ -54,8 +54,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.generators import execute
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from psycopg.abc import PQGen
+    from psycopg.pq.abc import PGresult
 
     from ...events import SessionEvent
 
@@ -106,6 +108,12 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+_TEXT: Final = 25
+_INT8: Final = 20
+"""The type OIDs of ``text`` and ``bigint``, which are the same in every PostgreSQL."""
+_APPEND_EVENT_TYPES: Final = (_TEXT, _TEXT, _INT8, _INT8, _TEXT, _INT8, _TEXT)
+_APPEND_EVENTS_TYPES: Final = (_TEXT, _TEXT, _INT8, _INT8, _TEXT, _TEXT, _TEXT)
 
 _dumps: Final = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 """JSON text of a statement's parameter (the standard library's C encoder)."""
@@ -259,16 +267,51 @@ class _BoundedConnection(psycopg.Connection[TupleRow]):
     cancel_timeout: float = 1.0
     missed: float | None = None
     """The deadline a round trip missed, which closed the connection; ``None`` while none did."""
-    _raw_cursor: psycopg.RawCursor[TupleRow] | None = None
+    _kai_prepared: set[bytes] | None = None
+    """The names of the statements :meth:`run_prepared` prepared on this connection."""
 
-    def raw_cursor(self) -> psycopg.RawCursor[TupleRow]:
-        """This connection's cursor for statements with numbered parameters (``$1``), made once
-        and kept: creating a cursor per statement costs about as much as converting the
-        statement's parameters."""
-        cursor = self._raw_cursor
-        if cursor is None or cursor.closed:
-            cursor = self._raw_cursor = psycopg.RawCursor(self)
-        return cursor
+    def run_prepared(
+        self, name: bytes, statement: bytes, types: Sequence[int], parameters: Sequence[bytes]
+    ) -> int:
+        """Run *statement*, prepared on this connection as *name* with parameters of the type
+        OIDs *types*, with *parameters* as text in the client encoding (UTF-8), in one round
+        trip; return how many rows it changed.
+
+        The statement is prepared on its first use here. This goes below psycopg's cursors,
+        whose query conversion and result wrapping cost as much client CPU as the round trip's
+        own, for a statement that runs at every flush. psycopg discards a connection's
+        prepared statements (``DEALLOCATE ALL``) after a rollback or a schema change run on it;
+        a statement found missing then did nothing, and is prepared again and run once more.
+
+        :raises psycopg.Error: the server's error as a cursor raises it (its class by SQLSTATE),
+            or the connection's.
+        """
+        prepared = self._kai_prepared
+        if prepared is None:
+            prepared = self._kai_prepared = set()
+        pgconn = self.pgconn
+        for attempt in range(2):
+            if name not in prepared:
+                pgconn.send_prepare(name, statement, types)
+                self._single_result(self.wait(execute(pgconn)))
+                prepared.add(name)
+            pgconn.send_query_prepared(name, parameters)
+            try:
+                result = self._single_result(self.wait(execute(pgconn)))
+            except psycopg.errors.InvalidSqlStatementName:
+                prepared.discard(name)
+                if attempt:
+                    raise
+            else:
+                return result.command_tuples or 0
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _single_result(self, results: list[PGresult]) -> PGresult:
+        """The one result of a statement; raises its error if it failed."""
+        (result,) = results
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding=self.info.encoding)
+        return result
 
     def wait(self, gen: PQGen[_T], interval: float = 0.1, timeout: float | None = None) -> _T:
         limit = self.round_trip_deadline
@@ -373,6 +416,7 @@ class PostgresSessionStore:
             # A statement on its own commits with its reply, in one round trip; the
             # operations of several statements open a transaction (_run).
             "autocommit": True,
+            "client_encoding": "UTF8",  # what run_prepared encodes its parameters in
             "connect_timeout": connect_seconds,
             "application_name": application_name,
             "options": " ".join(options).strip(),
@@ -535,7 +579,8 @@ class PostgresSessionStore:
 
     def _statement(self, template: str, connection: _Connection) -> bytes:
         """*template* with the schema filled in, composed once (the same bytes every time, so
-        that the driver prepares it on each connection once it has run a few times)."""
+        that it is prepared once on each connection: by the store's own :meth:`run_prepared`, or
+        by the driver once it has run a few times)."""
         statement = self._statements.get(template)
         if statement is None:
             statement = self._statements[template] = self._sql(template).as_bytes(connection)
@@ -933,24 +978,32 @@ class PostgresSessionStore:
         lease, events = batch.lease, batch.events
         if len(events) == 1:
             event = events[0]
-            template = APPEND_EVENT
-            values: tuple[object, ...] = (event.type, event.time, lines[0])
+            template, name, oids = APPEND_EVENT, b"kai_append_event", _APPEND_EVENT_TYPES
+            values = (event.type.encode(), b"%d" % event.time, lines[0].encode())
         else:
             types = "\n".join([event.type for event in events])
             if types.count("\n") != len(events) - 1:  # a type that holds a newline
                 self._append_at_once(batches, records, connection)
                 return
-            template = APPEND_EVENTS
+            template, name, oids = APPEND_EVENTS, b"kai_append_events", _APPEND_EVENTS_TYPES
             times = ",".join([str(event.time) for event in events])
-            values = (types, times, "\n".join(lines))
+            values = (types.encode(), times.encode(), "\n".join(lines).encode())
         try:
-            cursor = connection.raw_cursor().execute(
+            written = connection.run_prepared(
+                name,
                 self._statement(template, connection),
-                (lease.session_id, lease.owner, lease.epoch, batch.expected_count, *values),
+                oids,
+                (
+                    lease.session_id.encode(),
+                    lease.owner.encode(),
+                    b"%d" % lease.epoch,
+                    b"%d" % batch.expected_count,
+                    *values,
+                ),
             )
         except psycopg.errors.UniqueViolation:
             raise _NotAtOnce from None  # a seq is taken: as in _append_at_once
-        if cursor.rowcount != len(events):
+        if written != len(events):
             raise _NotAtOnce
 
     def _append_at_once(
