@@ -78,6 +78,16 @@ def _parser() -> argparse.ArgumentParser:
         "--recovery-runs", type=int, default=None, help="loads per event loop (default 3)"
     )
     parser.add_argument("--svg", type=Path, default=None, help="write the flush chart here")
+    parser.add_argument(
+        "--original",
+        type=Path,
+        default=None,
+        help="a checkout of the original harness with its session packages built, for the "
+        "burst figure of the steps scenario (default: that figure is skipped)",
+    )
+    parser.add_argument(
+        "--node", default="node", help="the Node.js that runs the original (default: node)"
+    )
     return parser
 
 
@@ -125,6 +135,8 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             quick=args.quick,
             loops=backends,
             memory_events=20_000 if args.quick else 1_000_000,
+            original=args.original,
+            node=args.node,
         )
     results["cpu_reference_us"] = {"start": reference, "end": cpu_reference()}
     results["seconds"] = round(time.perf_counter() - started, 1)

@@ -435,10 +435,38 @@ def _steps_section(steps: object) -> list[str]:
             f"{memory.get('resumed_mib')} MiB ({_fmt(memory.get('ratio'), '.2f')}x); per live "
             f"session with one 37-event turn {memory.get('per_live_session_kib_37_events')} KiB"
         )
+    out += _original_lines(steps.get("original"))
     goals = step_goals(steps)
     if goals:
         out += ["", "goals of a step, from this run", ""]
         out.append(_format([list(goal) for goal in goals], ["goal", "figure", ""]))
+    return out
+
+
+def _original_lines(original: object) -> list[str]:
+    """The burst of 32 checkpoints here and in the original harness, per format."""
+    if not isinstance(original, dict):
+        return []
+    title = "  a burst of 32 checkpoints against the original"
+    if "skipped" in original:
+        return [f"{title}: skipped: {original['skipped']}"]
+    out = [
+        f"{title} (original {original.get('original_commit')} on Node.js {original.get('node')}; "
+        f"load {_fmt(original.get('load_average'), '.2f')}; medians of {original.get('passes')} "
+        f"passes of {original.get('rounds')} rounds):"
+    ]
+    for name in ("plain", "zstd"):
+        cell = original.get(name)
+        sides = []
+        for side, label in (("library", "here"), ("original", "the original")):
+            figures = _get(cell, side)
+            sides.append(
+                f"{label} {_fmt(_get(figures, 'wall_us'), '.0f')} us wall "
+                f"({_fmt(_get(figures, 'raw_ratio'), '.2f')}x its raw write+fsync of "
+                f"{_fmt(_get(figures, 'bytes'), '.0f')} bytes), "
+                f"{_fmt(_get(figures, 'cpu_us'), '.0f')} us CPU"
+            )
+        out.append(f"    {name}: {'; '.join(sides)}: {_fmt(_get(cell, 'ratio'), '.2f')}x")
     return out
 
 
@@ -501,6 +529,15 @@ def step_goals(steps: dict[str, object]) -> list[tuple[str, str, str]]:
                     rate >= floor if floor < 1 else rate > floor,
                     f"{rate:.2f}x",
                 )
+    for name in ("plain", "zstd"):
+        burst = _get(steps, "original", name, "ratio")
+        if isinstance(burst, (int, float)):
+            check(
+                f"a burst of 32 checkpoints, {name}: <= 0.5x the original's latency",
+                burst,
+                burst <= 0.5,
+                f"{burst:.2f}x",
+            )
     memory = steps.get("memory")
     held = _get(memory, "ratio")
     if isinstance(held, (int, float)):

@@ -652,18 +652,26 @@ def step_figures(
     loops: Sequence[str],
     memory_events: int,
     rounds: int | None = None,
+    original: Path | None = None,
+    node: str = "node",
 ) -> dict[str, object]:
-    """Every figure of this scenario; PostgreSQL and the peers skipped, saying why, where
-    they cannot run."""
+    """Every figure of this scenario; PostgreSQL, the peers and the original harness skipped,
+    saying why, where they cannot run."""
+    from .original import original_figures
+
     plan = QUICK_STEPS if quick else FULL_STEPS
     if rounds is not None:
         plan = StepPlan(plan.steps, rounds, plan.seconds, plan.sessions)
     directory.mkdir(parents=True, exist_ok=True)
+    bursts = {"passes": 1, "rounds": 10, "warmup": 3} if quick else {}
     return {
         "plan": {"steps_per_round": plan.steps, "rounds": plan.rounds, "seconds": plan.seconds},
         "jsonl": _jsonl(directory, plan, loops),
         "postgres": _postgres(plan, loops),
         "memory": {"load_average": load_average(), **anyio.run(_live_memory, memory_events)},
+        "original": original_figures(
+            directory / "original", checkout=original, node=node, **bursts
+        ),
     }
 
 

@@ -409,3 +409,94 @@ def test_a_peer_that_is_not_installed_is_skipped_with_a_note(
         "  jsonl, SqliteSaver: skipped: install langgraph-checkpoint-sqlite and langgraph "
         "(the 'bench' extra)"
     )
+
+
+# -- the burst against the original harness -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "problem"),
+    [
+        ("v22.19.0\n", None),
+        ("v24.1.3", None),
+        ("v22.18.9", "the original needs Node.js 22.19 or newer, and this one is v22.18.9"),
+        ("v20.20.2\n", "the original needs Node.js 22.19 or newer, and this one is v20.20.2"),
+        ("node 22", "Node.js printed no version it could be judged by: 'node 22'"),
+    ],
+)
+def test_the_original_runs_only_on_a_node_it_accepts(version: str, problem: str | None) -> None:
+    from benchmarks.original import node_problem
+
+    assert node_problem(version) == problem
+
+
+def test_the_original_is_skipped_with_a_note_without_a_checkout(tmp_path: Path) -> None:
+    from benchmarks.original import original_figures
+
+    figures = original_figures(tmp_path, checkout=None)
+
+    assert figures == {
+        "skipped": "no checkout of the original was given (--original DIR, with its session "
+        "packages built)"
+    }
+    table = report.table({"steps": {"original": figures}})
+    assert table.splitlines()[-1] == (
+        "  a burst of 32 checkpoints against the original: skipped: no checkout of the "
+        "original was given (--original DIR, with its session packages built)"
+    )
+
+
+def test_a_node_that_does_not_run_or_an_original_that_fails_is_named(tmp_path: Path) -> None:
+    from benchmarks.original import original_figures
+
+    missing = original_figures(tmp_path, checkout=tmp_path, node=str(tmp_path / "no-node"))
+    assert str(missing["skipped"]).startswith(f"Node.js did not run as '{tmp_path / 'no-node'}'")
+
+    # A Node.js of the right version whose run of the original fails (a checkout not built).
+    node = tmp_path / "node"
+    node.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then echo v22.19.0; exit 0; fi\n'
+        "echo \"Error: Cannot find module '$3/vendor/cordis/lib/index.js'\" >&2\nexit 1\n"
+    )
+    node.chmod(0o755)
+    failed = original_figures(tmp_path / "runs", checkout=tmp_path, node=str(node), passes=1)
+    assert failed == {
+        "skipped": "the original's side failed: Error: Cannot find module "
+        f"'{tmp_path}/vendor/cordis/lib/index.js'"
+    }
+
+
+@pytest.mark.parametrize("log_format", ["plain", "zstd"])
+def test_this_librarys_burst_is_one_write_and_one_fsync_of_every_call(
+    tmp_path: Path, log_format: str
+) -> None:
+    import anyio
+    from benchmarks.original import BURST, our_bursts
+
+    from kai_session_checkpoint_policy.persistence import JsonlSessionPersistence
+
+    rounds = anyio.run(our_bursts, tmp_path, log_format, 3, 1)
+
+    assert [(item["writes"], item["fsyncs"]) for item in rounds] == [(1, 1)] * 3
+    assert all(item["bytes"] > 0 and item["raw"]["wall"] > 0 for item in rounds)
+    stored = anyio.run(JsonlSessionPersistence(tmp_path).inspect, f"burst-{log_format}").events
+    assert [event.type for event in stored] == ["turn/start"] + ["tool/call"] * (4 * BURST)
+    assert [event.data["callId"] for event in stored[1:]] == [
+        f"call-{step}" for step in range(1, 4 * BURST + 1)
+    ]
+
+
+def test_the_burst_goal_is_met_only_within_half_the_originals_latency() -> None:
+    def figures(ratio: float) -> dict[str, object]:
+        cell = {"library": {}, "original": {}, "ratio": ratio}
+        return {"original": {"plain": cell, "zstd": {**cell, "ratio": 0.2}}}
+
+    assert report.step_goals(figures(0.5)) == [
+        ("a burst of 32 checkpoints, plain: <= 0.5x the original's latency", "0.50x", "met"),
+        ("a burst of 32 checkpoints, zstd: <= 0.5x the original's latency", "0.20x", "met"),
+    ]
+    assert report.step_goals(figures(0.51))[0] == (
+        "a burst of 32 checkpoints, plain: <= 0.5x the original's latency",
+        "0.51x",
+        "missed",
+    )
