@@ -6,6 +6,7 @@ in test_postgres_hosts.py. Everything here runs against a real server the tests 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -14,6 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeAlias
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
@@ -159,12 +161,12 @@ class _MarkedQueue(list[Any]):
 
 def queue_marks(backend: PostgresSessionPersistence) -> Marks:
     """Marks of the batches queued from now on behind the backend's group commit in flight
-    (whose leader took the queue there was)."""
+    (whose job took the batches queued before)."""
     marks = Marks()
-    group = backend._group
-    with group._lock:
-        assert not group._queue
-        group._queue = _MarkedQueue(marks)
+    gathering = backend._gathering
+    assert gathering.busy
+    assert not gathering._waiting
+    gathering._waiting = _MarkedQueue(marks)
     return marks
 
 
@@ -469,7 +471,7 @@ async def test_batches_due_while_a_commit_is_in_flight_share_one_transaction(
                 until = queue_marks(backend).until
                 for session in sessions[1:]:
                     group.start_soon(host.sessions.flush, session)
-                await until(lambda: len(backend._group._queue) == 19, "all queued behind it")
+                await until(lambda: len(backend._gathering._waiting) == 19, "all queued behind it")
                 locker.rollback()
         # The first batch alone, then the 19 that queued up behind it, together.
         assert backend.statistics().transactions - before == 2
@@ -478,6 +480,39 @@ async def test_batches_due_while_a_commit_is_in_flight_share_one_transaction(
             == 2
         )
         assert [backend.durable_count(session.id) for session in sessions] == [2] * 20
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_natively_cancelled_flush_queued_for_a_group_commit_is_written_then_raises(
+    make: Any, admin: Admin, postgres_dsn: str
+) -> None:
+    backend = make(batch_window=60, lock_timeout=WAIT)
+    async with Host([backend]) as host:
+        sessions = [await written_session(host, f"s{index}") for index in range(3)]
+        for session in sessions:
+            session.append("step/start", {"turn": 1, "step": 1})
+        with psycopg.connect(postgres_dsn) as locker:
+            locker.execute("LOCK TABLE kai_sessions.events IN EXCLUSIVE MODE")
+            first = asyncio.ensure_future(host.sessions.flush(sessions[0]))
+            await anyio.to_thread.run_sync(wait_for_a_lock_wait, admin)
+            until = queue_marks(backend).until
+            queued = [asyncio.ensure_future(host.sessions.flush(s)) for s in sessions[1:]]
+            await until(lambda: len(backend._gathering._waiting) == 2, "both queued behind it")
+            queued[0].cancel()  # Task.cancel(): passes through anyio's shield
+            for _ in range(3):  # scheduler rounds: the cancellation reaches the task
+                await anyio.lowlevel.checkpoint()
+            assert not queued[0].done()  # waits for the commit that takes its batch
+            locker.rollback()
+        with anyio.fail_after(WAIT):  # not a hang if a waiting task left the group
+            await first
+            with pytest.raises(asyncio.CancelledError):
+                await queued[0]
+            await queued[1]
+        assert [backend.durable_count(session.id) for session in sessions] == [2] * 3
+        assert fetch(admin, "SELECT type FROM kai_sessions.events WHERE session_id = 's1'") == [
+            "turn/start",
+            "step/start",
+        ]
 
 
 REFUSALS = {
@@ -525,7 +560,9 @@ async def test_a_refused_batch_in_a_shared_transaction_fails_only_its_session(
                     until = queue_marks(backend).until
                     for session in sessions[1:]:
                         group.start_soon(flush, session)
-                    await until(lambda: len(backend._group._queue) == 3, "all queued behind it")
+                    await until(
+                        lambda: len(backend._gathering._waiting) == 3, "all queued behind it"
+                    )
                     locker.rollback()
             transactions = backend.statistics().transactions - before
             stored = {name: stored_seqs(admin, name) for name in names}

@@ -60,6 +60,7 @@ __all__ = [
     "MAX_RETRY_DELAY",
     "BatchWindow",
     "LogHandle",
+    "Outcome",
     "PersistenceStatistics",
     "StoredLog",
     "WriteBehind",
@@ -128,6 +129,16 @@ def _current_time() -> float:
     with the first event after each flush."""
     loop = asyncio._get_running_loop()  # None off asyncio: no exception to raise
     return anyio.current_time() if loop is None else loop.time()
+
+
+class Outcome:
+    """Whether a batch handed off the event loop's thread was made durable: set by the thread
+    that wrote it, read once the write is over (even by a caller cancelled meanwhile)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = False
 
 
 class BatchWindow:
@@ -712,28 +723,39 @@ class WriteBehind(ABC, Generic[H]):
         batch, writer.pending = writer.pending, []
         writer.window.is_open = False
         self._before_write(writer)
-        written = False
+        outcome = Outcome()
         failure: Exception | None = None
-
-        def write() -> None:
-            nonlocal written
-            self._write_batch(writer, batch)
-            written = True
-
         try:
-            await run_in_worker_shielded(write)
+            await self._write_off_loop(writer, batch, outcome)
         except Exception as exc:
             failure = exc
             raise
         finally:
             # A cancellation met meanwhile is raised after the write, the batch durable.
-            if written:
+            if outcome.written:
                 self._written(writer)
             else:
                 writer.pending[:0] = batch
                 self._after_write(writer)
             if observed is not None:
                 self._observe_end(writer, observed, len(batch), failure)
+
+    async def _write_off_loop(
+        self, writer: Writer[H], batch: list[SessionEvent], outcome: Outcome
+    ) -> None:
+        """Make *batch* of *writer* durable off the event loop's thread (:meth:`_write_batch` in
+        a worker thread, by default), and set *outcome* once it is.
+
+        Returns or raises only once the write is over, whatever cancels the caller meanwhile:
+        the caller holds the lane, shielded from anyio's cancellation, and a native
+        cancellation is raised afterwards (with *outcome* telling whether the batch is durable).
+        """
+
+        def write() -> None:
+            self._write_batch(writer, batch)
+            outcome.written = True
+
+        await run_in_worker_shielded(write)
 
     def _write_now(self, writer: Writer[H]) -> None:
         """Write the whole queue as one batch on this thread (blocking: no other task runs)."""

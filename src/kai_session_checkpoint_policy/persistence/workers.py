@@ -16,8 +16,10 @@ raised once the job is over.
 from __future__ import annotations
 
 import asyncio
+import copy
 import queue
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
@@ -28,9 +30,16 @@ if TYPE_CHECKING:
 
     from trio.lowlevel import TrioToken
 
-__all__ = ["idle_needs_a_round", "loop_is_idle", "run_in_worker", "run_in_worker_shielded"]
+__all__ = [
+    "Gathering",
+    "idle_needs_a_round",
+    "loop_is_idle",
+    "run_in_worker",
+    "run_in_worker_shielded",
+]
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 def loop_is_idle(*, settled: bool = False) -> bool:
@@ -276,6 +285,114 @@ class _Workers:
             if returns is not None:
                 returns.add(job)
             del job, returns  # while idle, hold nothing of the last job
+
+
+class _Gathered(Generic[Item]):
+    """One item waiting on the event loop for the job that takes it."""
+
+    __slots__ = ("error", "finished", "item", "lead", "waiter")
+
+    def __init__(self, item: Item) -> None:
+        self.item = item
+        self.finished = False  # a job that took it is over
+        self.error: Exception | None = None  # what that job raised
+        self.lead = False  # asked to run the next job
+        self.waiter: asyncio.Future[None] | anyio.Event | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():  # its task may have cancelled it
+                waiter.set_result(None)
+        elif waiter is not None:
+            waiter.set()
+
+    async def wait(self) -> BaseException | None:
+        """Wait until a job took the item and is over, or the item is asked to lead; return
+        the native cancellation met meanwhile, for the caller to raise when it is done."""
+        cancelled: BaseException | None = None
+        loop = _asyncio_loop()
+        while not (self.finished or self.lead):
+            if loop is None:
+                event = self.waiter = anyio.Event()
+                await event.wait()  # the caller is shielded from anyio's cancellation
+                continue
+            waiter = self.waiter = loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError as exc:  # Task.cancel() cancelled the waiter: wait on
+                cancelled = exc
+        return cancelled
+
+
+class Gathering(Generic[Item]):
+    """One job in a worker thread for the items of every task that asks while the last runs.
+
+    The first task to :meth:`submit` runs a job for its item at once. Tasks that submit while
+    a job runs wait together; when the job is over, the first of them runs the next one, for
+    all of their items. So many tasks pay one hand-off to a thread and back per job, not one
+    each, and one thread works for all of them. *run* gets the items of a job in the order they
+    were submitted; it keeps each item's outcome in the item (an exception it raises is the
+    outcome of every item of its job).
+
+    Like :func:`run_in_worker_shielded`, :meth:`submit` returns only once the job that took
+    its item is over, whatever cancels its caller meanwhile (who is shielded from anyio's
+    cancellation): a native ``Task.cancel()`` is raised afterwards; a task asked to run the
+    next job runs it first.
+    """
+
+    def __init__(self, run: Callable[[list[Item]], None]) -> None:
+        self._run = run
+        self._waiting: list[_Gathered[Item]] = []
+        self._running = False
+        self.jobs = 0
+        """Jobs run so far."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running or about to (an item submitted now would wait for it)."""
+        return self._running
+
+    async def submit(self, item: Item) -> None:
+        """Return once a job that took *item* is over.
+
+        :raises Exception: what the job raised, if it raised.
+        """
+        mine = _Gathered(item)
+        self._waiting.append(mine)
+        cancelled: BaseException | None = None
+        if self._running:
+            cancelled = await mine.wait()
+        led = not mine.finished  # the first, or asked to lead
+        if led:
+            self._running = True
+            group, self._waiting = self._waiting, []
+            self.jobs += 1
+            error: Exception | None = None
+            try:
+                await run_in_worker_shielded(partial(self._run, [each.item for each in group]))
+            except asyncio.CancelledError as exc:  # natively, with the job over
+                cancelled = exc
+            except Exception as exc:
+                error = exc
+            finally:
+                for each in group:
+                    each.finished = True
+                    each.error = error
+                    if each is not mine:
+                        each.wake()
+                if self._waiting:
+                    successor = self._waiting[0]
+                    successor.lead = True
+                    successor.wake()
+                else:
+                    self._running = False
+        if cancelled is not None:
+            raise cancelled
+        if mine.error is not None:
+            if led:
+                raise mine.error
+            raise copy.copy(mine.error) from mine.error  # an exception of this task's own
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:

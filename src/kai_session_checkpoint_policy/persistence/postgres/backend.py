@@ -54,11 +54,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...cancellation import checkpoint_if_cancelled
 from ...events import StoredEvents
-from ..core import DEFAULT_BATCH_WINDOW, WriteBehind
+from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, check_batch
 from ..errors import (
     CorruptRecordError,
     LeaseLostError,
     PersistenceError,
+    SeqMismatchError,
     UnsupportedFormatError,
 )
 from ..legacy import LegacyRecordError, upgrade_events, upgrade_suffix
@@ -76,7 +77,7 @@ from ..values import (
     StoredSuffix,
     check_from_seq,
 )
-from ..workers import run_in_worker
+from ..workers import Gathering, run_in_worker
 from .group_commit import GroupCommit
 from .schema import DEFAULT_SCHEMA
 from .store import (
@@ -90,7 +91,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
 
     from ...events import SessionEvent
-    from ..core import Writer
+    from ..core import Outcome, Writer
     from ..values import SessionHeader
     from .store import Lease
 
@@ -137,6 +138,27 @@ class _Lease:
         self.count = count  # durable events: the seq the next event must have
         self.lost: LeaseLostError | None = None  # set once the lease is known taken over
         self.valid_until = valid_until  # monotonic time before which the lease surely holds
+
+
+class _GroupWrite:
+    """One session's batch handed off the event loop's thread, to be written with others."""
+
+    __slots__ = ("batch", "error", "outcome", "writer")
+
+    def __init__(
+        self, writer: Writer[_Lease], batch: Sequence[SessionEvent], outcome: Outcome
+    ) -> None:
+        self.writer = writer
+        self.batch = batch
+        self.outcome = outcome
+        self.error: Exception | None = None
+
+    def batch_of(self, log: _Lease) -> Batch:
+        return Batch(log.lease, log.count, self.batch, log.header)
+
+    def written(self, log: _Lease) -> None:
+        log.count += len(self.batch)
+        self.outcome.written = True
 
 
 _DECODED_AT_ONCE: Final = 4096
@@ -263,6 +285,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         self.where: Final = f"PostgreSQL {self.store.where}, schema {schema!r}"
         """Where the sessions are, for messages: database, host, port, schema (no password)."""
         self._group = GroupCommit()
+        self._gathering: Final[Gathering[_GroupWrite]] = Gathering(self._write_group)
         self._held: dict[_Lease, None] = {}  # the leases the renewer keeps, in order
         self._unreleased: list[Lease] = []  # leases to give up
         self._lease_statements = threading.Lock()  # a renewal and a release never cross
@@ -335,6 +358,74 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
                 raise
             self._group.append(store, Batch(log.lease, log.count, batch, log.header))
 
+    async def _write_off_loop(
+        self, writer: Writer[_Lease], batch: list[SessionEvent], outcome: Outcome
+    ) -> None:
+        """Write *batch* in a worker thread, in one job with the batches of every other session
+        of this backend that are handed off while the job before runs (``Gathering``):
+        one hand-off to a thread and back per group commit, not one per session."""
+        write = _GroupWrite(writer, batch, outcome)
+        await self._gathering.submit(write)
+        if write.error is not None:
+            raise write.error
+
+    def _write_group(self, group: list[_GroupWrite]) -> None:
+        """Make the batches of *group* durable, in one transaction where they can be (in a
+        worker thread; each write keeps its outcome).
+
+        Each session is made ready first (its lease taken on its first write) and its batch
+        checked against its durable cursor. If the shared transaction refuses a batch (a lease
+        lost, a seq that does not follow), nothing of it was written, and each batch is written
+        again on its own, as :meth:`_append` writes one, so that the refusal reaches only its
+        session.
+        """
+        start = time.perf_counter()
+        ready: list[_GroupWrite] = []
+        for write in group:
+            writer = write.writer
+            try:
+                log = writer.log = self._ready(
+                    writer.session_id, writer.log, write.batch[0].seq, writer.header
+                )
+                check_batch(writer.session_id, log.count, write.batch, self._location(log))
+            except Exception as exc:
+                write.error = exc
+            else:
+                ready.append(write)
+        alone = len(ready) == 1
+        if not alone and ready:
+            try:
+                self._writable().append_many(
+                    [write.batch_of(self._lease_of(write)) for write in ready]
+                )
+            except (LeaseLostError, SeqMismatchError):
+                alone = True  # nothing was written; the error names one session
+            except Exception as exc:
+                for write in ready:
+                    write.error = exc
+            else:
+                self._group.committed()
+                for write in ready:
+                    write.written(self._lease_of(write))
+        if alone:
+            for write in ready:
+                log = self._lease_of(write)
+                try:
+                    self._append(log, write.writer.session_id, write.batch)
+                except Exception as exc:
+                    write.error = exc
+                else:
+                    write.written(log)
+        took = time.perf_counter() - start
+        for write in group:
+            write.writer.write_seconds = max(took, write.writer.write_seconds * 0.875)
+
+    @staticmethod
+    def _lease_of(write: _GroupWrite) -> _Lease:
+        log = write.writer.log
+        assert log is not None  # made ready
+        return log
+
     def _may_write_inline(self, writer: Writer[_Lease]) -> bool:
         """Whether an awaited flush may commit on the event loop's thread, when no other task
         is ready to run: the session already holds its lease with more than a renewal period
@@ -352,6 +443,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
             and writer.write_seconds < INLINE_WRITE_LIMIT
             and time.monotonic() < log.valid_until - self.lease_ttl / RENEWALS_PER_TTL
             and not self._group.busy
+            and not self._gathering.busy
         )
 
     def _renew(self, log: _Lease) -> bool:

@@ -1,11 +1,14 @@
 """Group commit: the batches of different sessions that are due together share one transaction.
 
-Worker threads hand their batches to one :class:`GroupCommit`. A thread that finds no commit in
-progress commits everything queued, its own batch included; threads that arrive meanwhile queue
-up and wait, and are committed together by the next commit. So 100 sessions checkpointing at
-once cost a few transactions (a few WAL flushes), not 100. If the shared transaction refuses
-one batch (a lease lost, a seq that does not follow), each batch is written again in a
-transaction of its own, so that the refusal reaches only its session.
+The flushes of a live host gather their batches on the event loop, one worker job for each
+group (``Gathering``, in the backend). Blocking writes made in threads of their own (an inline
+write, a whole log, a batch written again on its own) meet here instead: worker threads hand
+their batches to one :class:`GroupCommit`. A thread that finds no commit in progress commits
+everything queued, its own batch included; threads that arrive meanwhile queue up and wait, and
+are committed together by the next commit. Either way, 100 sessions checkpointing at once cost a
+few transactions (a few WAL flushes), not 100. If the shared transaction refuses one batch (a
+lease lost, a seq that does not follow), each batch is written again in a transaction of its
+own, so that the refusal reaches only its session.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ class GroupCommit:
         self._queue: list[_Queued] = []
         self._committing = False
         self.transactions = 0
+
+    def committed(self) -> None:
+        """Count a transaction committed for a group outside :meth:`append`."""
+        with self._lock:
+            self.transactions += 1
 
     @property
     def busy(self) -> bool:
