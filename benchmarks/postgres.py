@@ -85,9 +85,11 @@ class InsertBaseline:
 
 
 def _commits(backend: Store) -> int:
-    """Durable writes so far: transactions for PostgreSQL, fsyncs for JSONL."""
+    """Durable writes so far: transactions for PostgreSQL, fsyncs and syncfs calls for JSONL."""
     statistics = backend.statistics()
-    return int(getattr(statistics, "transactions", getattr(statistics, "fsyncs", 0)))
+    if hasattr(statistics, "transactions"):
+        return int(statistics.transactions)
+    return int(getattr(statistics, "fsyncs", 0)) + int(getattr(statistics, "syncfs", 0))
 
 
 async def _timed_flushes(
@@ -168,7 +170,10 @@ async def _measure_backend(
                     commits.append(_commits(backend) - before)
             if not warm_up:
                 raw += taken
-        figures[f"{SESSIONS} sessions at once"] = _cell_with_commits(latency, raw, commits)
+        figures[f"{SESSIONS} sessions at once"] = cell = _cell_with_commits(latency, raw, commits)
+        shared = getattr(backend, "shared_sync", None)  # JSONL: whether logs shared a syncfs
+        if shared is not None:
+            cell["shared_sync"] = shared
     return figures
 
 

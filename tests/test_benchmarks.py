@@ -240,17 +240,21 @@ def test_each_flush_and_each_burst_is_one_commit_on_both_stores(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_100_sessions_at_once_share_transactions_and_need_100_fsyncs(
+def test_100_sessions_at_once_share_transactions_and_syncs(
     quick_run: tuple[dict[str, object], Path], backend: str
 ) -> None:
     figures = _dig(_postgres(quick_run), backend)
     jsonl = _dig(figures, "jsonl", "100 sessions at once")
-    assert _dig(jsonl, "min_commits_per_sample") == _dig(jsonl, "max_commits_per_sample") == 100
-    postgres = _dig(figures, "postgres", "100 sessions at once")
-    assert _number(postgres, "min_commits_per_sample") >= 1
-    # Group commit: batches that arrive while a commit is in flight share the next one. (One
-    # sample may take many, when the event loop is descheduled between checkpoints.)
-    assert _number(postgres, "commits_per_sample") <= 25
+    if _dig(jsonl, "shared_sync") is False:  # a filesystem whose syncfs is not trusted
+        assert _number(jsonl, "commits_per_sample") == 100
+        return
+    for store in ("jsonl", "postgres"):
+        cell = _dig(figures, store, "100 sessions at once")
+        assert _number(cell, "min_commits_per_sample") >= 1
+        # Group commit, and one syncfs for the batches of many logs: batches that arrive while
+        # a commit or a sync is in flight share the next one. (One sample may take many, when
+        # the event loop is descheduled between checkpoints.)
+        assert _number(cell, "commits_per_sample") <= 25, store
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

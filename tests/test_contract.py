@@ -114,7 +114,7 @@ async def test_an_unknown_host_option_is_an_error_naming_it_and_the_known_ones()
     assert str(refused.value) == (
         "unknown host option 'jsonl.roots': the plugins of this host declare "
         "jsonl.batch_window, jsonl.compression, jsonl.inline_write_limit, jsonl.pack_chunks, "
-        "jsonl.root"
+        "jsonl.root, jsonl.shared_sync"
     )
 
 

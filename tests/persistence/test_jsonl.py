@@ -425,12 +425,25 @@ async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: 
             0.0,
         )
         assert host.pm.get_plugin("session-checkpoint-policy") is policy
-        assert (backend.compression, backend.pack_chunks) == ("zstd", True)
-    options = {"jsonl.root": str(tmp_path), "jsonl.compression": "none", "jsonl.pack_chunks": False}
+        assert (backend.compression, backend.pack_chunks, backend.shared_sync) == (
+            "zstd",
+            True,
+            True,
+        )
+    options = {
+        "jsonl.root": str(tmp_path),
+        "jsonl.compression": "none",
+        "jsonl.pack_chunks": False,
+        "jsonl.shared_sync": False,
+    }
     async with Host(options=options) as host:
         backend = host.session_persistence
         assert isinstance(backend, JsonlSessionPersistence)
-        assert (backend.compression, backend.pack_chunks) == ("none", False)
+        assert (backend.compression, backend.pack_chunks, backend.shared_sync) == (
+            "none",
+            False,
+            False,
+        )
 
 
 @pytest.mark.parametrize(
@@ -438,11 +451,12 @@ async def test_the_entry_point_configures_a_backend_from_host_options(tmp_path: 
     [
         ("jsonl.compression", "gzip", "must be 'zstd' or 'none', not 'gzip'"),
         ("jsonl.pack_chunks", "yes", "must be True or False, not 'yes'"),
+        ("jsonl.shared_sync", 1, "must be True or False, not 1"),
     ],
 )
 @pytest.mark.usefixtures("entry_point_autoload")
 async def test_a_format_option_must_be_one_the_backend_knows(
-    option: str, value: str, problem: str, tmp_path: Path
+    option: str, value: object, problem: str, tmp_path: Path
 ) -> None:
     with pytest.raises(TypeError, match=f"host option '{option}' {problem}"):
         async with Host(options={"jsonl.root": str(tmp_path), option: value}):

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from datetime import timedelta
 from typing import Any, TypeAlias
 
@@ -45,6 +44,7 @@ from kai_session_checkpoint_policy.persistence import (
 )
 from kai_session_checkpoint_policy.persistence.postgres.store import Batch, PostgresSessionStore
 
+from ..support.gathering import Marks, gathering_marks
 from ..support.paying import paying_host, result_text
 from ..support.persistence_helpers import event
 from ..support.postgres_server import PostgresServer
@@ -116,58 +116,10 @@ def wait_for_a_lock_wait(admin: Admin) -> None:
         admin.execute("SELECT pg_sleep(0.005)")
 
 
-class Marks:
-    """Marks that the backend's own threads or tasks leave as they go (a batch queued behind a
-    group commit, a lease renewal's outcome), which wake a test waiting for a state."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._marked = threading.Condition()
-
-    def mark(self, *_: object) -> None:
-        with self._marked:
-            self._count += 1
-            self._marked.notify_all()
-
-    async def until(self, condition: Callable[[], object], what: str) -> None:
-        """Wait (bounded) for a state that the backend's own threads or tasks reach: *what*,
-        checked on the loop's thread at first and after each mark."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            with self._marked:
-                seen = self._count
-            if condition():
-                return
-
-            def marked(seen: int = seen) -> bool:
-                left = max(deadline - time.monotonic(), 0)
-                with self._marked:
-                    return self._marked.wait_for(lambda: self._count > seen, left)
-
-            assert await anyio.to_thread.run_sync(marked), f"never reached: {what}"
-
-
-class _MarkedQueue(list[Any]):
-    """A group commit's queue that marks each batch queued (under the group commit's lock)."""
-
-    def __init__(self, marks: Marks) -> None:
-        super().__init__()
-        self._marks = marks
-
-    def append(self, item: Any) -> None:
-        super().append(item)
-        self._marks.mark()
-
-
 def queue_marks(backend: PostgresSessionPersistence) -> Marks:
     """Marks of the batches queued from now on behind the backend's group commit in flight
     (whose job took the batches queued before)."""
-    marks = Marks()
-    gathering = backend._gathering
-    assert gathering.busy
-    assert not gathering._waiting
-    gathering._waiting = _MarkedQueue(marks)
-    return marks
+    return gathering_marks(backend._gathering)
 
 
 class _LeaseMarks(Marks):

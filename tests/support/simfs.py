@@ -97,7 +97,9 @@ DIR: Final = -1
 """The node of a directory entry; files are numbered from 0."""
 SECTOR: Final = 512
 
-FaultKind: TypeAlias = Literal["open", "write", "fsync", "fsync_dir", "truncate", "link", "mkdir"]
+FaultKind: TypeAlias = Literal[
+    "open", "write", "fsync", "fsync_dir", "truncate", "link", "mkdir", "syncfs"
+]
 FAULT_KINDS: Final[tuple[FaultKind, ...]] = (
     "open",
     "write",
@@ -115,6 +117,7 @@ _FAULT_ERRNO: Final[Mapping[str, int]] = {
     "truncate": errno.EIO,
     "link": errno.ENOSPC,
     "mkdir": errno.ENOSPC,
+    "syncfs": errno.EIO,
 }
 
 # A pending data operation: ("write", offset, data) or ("truncate", size, b"").
@@ -281,6 +284,7 @@ class SimFiles(OsFiles):
         self._disk_names: dict[str, int] = {"": DIR}
         self._dir_pending: dict[str, tuple[EntryChange, ...]] = {}
         self._handles: dict[int, _Handle] = {}
+        self._unreported: set[int] = set()  # files whose lost write-back no fsync reported yet
         self._next_fd = 1000
         self._tmp = 0
         for path, content in (image or {}).items():
@@ -303,6 +307,7 @@ class SimFiles(OsFiles):
             self._files = {node: FileState(f.disk, f.disk) for node, f in self._files.items()}
             self._dir_pending.clear()
             self._handles.clear()
+            self._unreported.clear()
             self.mirror.sync(self._names)
             self._changed()
 
@@ -580,6 +585,9 @@ class SimFiles(OsFiles):
             self.calls["fsync"] += 1
             self.trace.append(("fsync", handle.path))
             state = self._files[handle.node]
+            if handle.node in self._unreported:  # a failed syncfs lost some of its changes
+                self._unreported.discard(handle.node)
+                raise OSError(errno.EIO, "write-back failed before this fsync", handle.path)
             try:
                 self._check("fsync", handle.path)
             except OSError:
@@ -590,6 +598,45 @@ class SimFiles(OsFiles):
             disk = _apply_all(state.disk, state.pending)
             disk = disk[: len(state.cache)].ljust(len(state.cache), b"\0")
             self._files[handle.node] = FileState(state.cache, disk)
+            self._changed()
+
+    # -- one sync for many files ----------------------------------------------------------------
+
+    def filesystem(self, fd: int) -> int | None:
+        with self._lock:
+            self._handles[fd]
+        return 0  # one filesystem, whose syncfs may stand in for fsyncs
+
+    def open_filesystem(self, directory: Path) -> int:
+        with self._lock:
+            return self._open(DIR, self._rel(directory))
+
+    def syncfs(self, fd: int) -> None:
+        """Every file's pending data reaches the disk (its directory entries are left to
+        directory fsyncs, which the backend makes anyway). A failed syncfs keeps what
+        :meth:`_survivors` keeps of each file's changes and marks the rest clean, as a failed
+        fsync does; the next fsync of each file that lost changes then fails, as Linux reports a
+        failed write-back to every handle of the file."""
+        with self._lock:
+            handle = self._handles[fd]
+            self.calls["syncfs"] += 1
+            self.trace.append(("syncfs", handle.path))
+            try:
+                self._check("syncfs", handle.path)
+            except OSError:
+                for node, state in list(self._files.items()):
+                    if state.pending:
+                        kept = self._survivors(state.pending)
+                        self._files[node] = FileState(state.cache, _apply_all(state.disk, kept))
+                        if kept != state.pending:
+                            self._unreported.add(node)
+                self._changed()
+                raise
+            for node, state in list(self._files.items()):
+                if state.pending:
+                    disk = _apply_all(state.disk, state.pending)
+                    disk = disk[: len(state.cache)].ljust(len(state.cache), b"\0")
+                    self._files[node] = FileState(state.cache, disk)
             self._changed()
 
     def truncate(self, fd: int, size: int) -> None:

@@ -16,6 +16,12 @@ fast fsync (100-200 µs on a virtual machine), while a loop with nothing else to
 nothing by waiting for the disk itself. Otherwise the write runs in a worker thread, and the
 tasks that are ready, or checkpoints that arrive meanwhile, run (and join the next batch) while
 it is in flight.
+
+Many sessions share a sync (``shared_sync``): the batches of other sessions handed off while a
+write is in flight wait on the event loop, and the next worker job appends all of them, then
+makes them durable with one ``syncfs`` of their filesystem where that is as safe as an fsync of
+each (:meth:`.files.OsFiles.filesystem`). A failed ``syncfs`` is followed by an fsync of each
+log, which tells which of them lost their write-back.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 import math
 import resource
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import partial
@@ -38,7 +45,7 @@ import anyio.to_thread
 
 from ...cancellation import checkpoint_if_cancelled
 from ...hookspecs import hookimpl
-from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, Writer
+from ..core import DEFAULT_BATCH_WINDOW, Outcome, WriteBehind, Writer, check_batch
 from ..errors import (
     CorruptLogError,
     DuplicateLogError,
@@ -68,6 +75,7 @@ from ..values import (
     StoredSuffix,
     check_from_seq,
 )
+from ..workers import Gathering
 from .files import LockedError, OsFiles
 from .format import (
     COMPRESSIONS,
@@ -136,6 +144,22 @@ class JsonlStatistics(PersistenceStatistics):
     """``fsync`` system calls on files."""
     directory_fsyncs: int
     """``fsync`` system calls on directories."""
+    syncfs: int = 0
+    """``syncfs`` system calls: each made the batches of several sessions durable at once."""
+
+
+class _GroupWrite:
+    """One session's batch handed off the event loop's thread, to be synced with others."""
+
+    __slots__ = ("batch", "error", "outcome", "writer")
+
+    def __init__(
+        self, writer: Writer[_Log], batch: Sequence[SessionEvent], outcome: Outcome
+    ) -> None:
+        self.writer = writer
+        self.batch = batch
+        self.outcome = outcome
+        self.error: Exception | None = None
 
 
 class _Log:
@@ -208,6 +232,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         (plain lines, ``session.jsonl``). A log that exists keeps its own.
     :param pack_chunks: Whether three or more consecutive deltas of one block are written as
         one packed row (the default, as the original's).
+    :param shared_sync: Whether the batches of sessions handed to a worker thread while another
+        write runs are written together, and made durable with one ``syncfs`` of their
+        filesystem instead of an fsync of each log, where that is as safe (Linux 5.8 or newer,
+        on ext4, XFS or btrfs; elsewhere each log is fsynced). ``syncfs`` also writes out what
+        other programs wrote to that filesystem: turn this off where the root shares its
+        filesystem with a heavy writer.
     :param files: The file layer; replace it to inject faults.
     """
 
@@ -223,6 +253,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         max_open_sessions: int | None = None,
         compression: Compression = DEFAULT_COMPRESSION,
         pack_chunks: bool = DEFAULT_PACK_CHUNKS,
+        shared_sync: bool = True,
         files: OsFiles | None = None,
     ) -> None:
         window: object = batch_window
@@ -242,6 +273,8 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             raise ValueError(f"compression must be 'zstd' or 'none', not {compression!r}")
         if not isinstance(pack_chunks, bool):
             raise ValueError(f"pack_chunks must be True or False, not {pack_chunks!r}")
+        if not isinstance(shared_sync, bool):
+            raise ValueError(f"shared_sync must be True or False, not {shared_sync!r}")
         super().__init__(batch_window=batch_window)
         self.root: Final = Path(root).absolute()
         self.inline_write_limit: Final = float(inline_write_limit)
@@ -249,6 +282,11 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.compression: Final[Compression] = compression
         self.pack_chunks: Final = pack_chunks
         self.files: Final = files if files is not None else OsFiles()
+        self.shared_sync = shared_sync
+        """Whether batches written at once share a ``syncfs``; cleared when the root's
+        filesystem turns out not to allow it."""
+        self._gathering: Final[Gathering[_GroupWrite]] = Gathering(self._write_group)
+        self._sync_handles: dict[int, int] = {}  # filesystem -> handle syncfs is called on
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
         self._opening: set[str] = set()  # sessions whose next write opens their files
         self._in_flight: set[str] = set()  # sessions with a write under way
@@ -280,6 +318,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             writes=calls["write"],
             fsyncs=calls["fsync"],
             directory_fsyncs=calls["fsync_dir"],
+            syncfs=calls["syncfs"],
         )
 
     async def aclose(self) -> None:
@@ -291,6 +330,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                 held, self._held = list(self._held.values()), OrderedDict()
             for log in held:
                 self._release(log)
+            handles, self._sync_handles = list(self._sync_handles.values()), {}
+            for handle in handles:
+                self.files.close(handle)
 
     @hookimpl
     def session_detach(self, session: SessionLogLike) -> None:
@@ -431,10 +473,14 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """
         log = writer.log
         return (
-            log.size > 0 and not log.suspect  # the file exists, and holds what it should
-            if log is not None
-            else writer.session_id in self._held  # recovered here, locked since
-        ) and writer.write_seconds < self.inline_write_limit
+            (
+                log.size > 0 and not log.suspect  # the file exists, and holds what it should
+                if log is not None
+                else writer.session_id in self._held  # recovered here, locked since
+            )
+            and writer.write_seconds < self.inline_write_limit
+            and not self._gathering.busy
+        )
 
     def _files_open(self, writer: Writer[_Log]) -> bool:
         """Whether *writer*'s files are open: its log's, or those its recovery kept locked."""
@@ -559,14 +605,135 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             self.files.write(fd, data)
             self.files.fsync(fd)
         except BaseException as error:
-            log.suspect = True
-            try:
-                self.files.truncate(fd, log.size)
-                self.files.fsync(fd)
-            except BaseException as rollback_error:
-                raise RollbackError(log.path, error, rollback_error) from error
+            self._undo(log, fd, error)
             raise
         log.size += len(data)
+
+    def _undo(self, log: _Log, fd: int, error: BaseException) -> None:
+        """Cut what a failed write or sync may have left after the bytes known durable; the
+        log is read again before its next write.
+
+        :raises RollbackError: if that failed too.
+        """
+        log.suspect = True
+        try:
+            self.files.truncate(fd, log.size)
+            self.files.fsync(fd)
+        except BaseException as rollback_error:
+            raise RollbackError(log.path, error, rollback_error) from error
+
+    # -- several sessions' batches, one sync --------------------------------------------------
+
+    async def _write_off_loop(
+        self, writer: Writer[_Log], batch: list[SessionEvent], outcome: Outcome
+    ) -> None:
+        """Write *batch* in a worker thread: with :attr:`shared_sync`, in one job with the
+        batches of every other session handed off while the job before runs (``Gathering``),
+        made durable together (:meth:`_write_group`)."""
+        if not self.shared_sync:
+            await super()._write_off_loop(writer, batch, outcome)
+            return
+        write = _GroupWrite(writer, batch, outcome)
+        await self._gathering.submit(write)
+        if write.error is not None:
+            raise write.error
+
+    def _write_group(self, group: list[_GroupWrite]) -> None:
+        """Make the batches of *group* durable (in a worker thread; each write keeps its
+        outcome).
+
+        A batch alone, a new log (written whole and fsynced as it is published), or a log on a
+        filesystem where ``syncfs`` cannot stand in for fsync, is written as
+        :meth:`_write_batch` writes it. The rest are appended, and each filesystem that holds
+        two or more of them is synced once (:meth:`_sync_together`).
+        """
+        if len(group) == 1:
+            self._write_alone(group[0])
+            return
+        start = time.perf_counter()
+        together: dict[int, list[tuple[_GroupWrite, _Log, bytes]]] = {}
+        for write in group:
+            writer = write.writer
+            try:
+                log = writer.log = self._ready(
+                    writer.session_id, writer.log, write.batch[0].seq, writer.header
+                )
+                check_batch(writer.session_id, log.count, write.batch, self._location(log))
+                if log.size == 0:  # a new log
+                    self._append(log, writer.session_id, write.batch)
+                    self._done(write, log)
+                    continue
+                if log.fd is None:  # its files were closed while idle, and opened again
+                    log.fd = self.files.open_append(log.path)
+                filesystem = self.files.filesystem(log.fd)
+                if filesystem is None:
+                    self.shared_sync = False  # the root's filesystem, most likely: from now on
+                    self._append(log, writer.session_id, write.batch)
+                    self._done(write, log)
+                    continue
+                if filesystem not in self._sync_handles:  # opened before the writes it syncs
+                    self._sync_handles[filesystem] = self.files.open_filesystem(log.path.parent)
+                data = self._encode(write.batch, log.compression)
+                try:
+                    self.files.write(log.fd, data)
+                except BaseException as error:
+                    self._undo(log, log.fd, error)
+                    raise
+            except Exception as exc:
+                write.error = exc
+            else:
+                together.setdefault(filesystem, []).append((write, log, data))
+        for filesystem, written in together.items():
+            self._sync_together(self._sync_handles[filesystem], written)
+        took = time.perf_counter() - start
+        for write in group:
+            write.writer.write_seconds = max(took, write.writer.write_seconds * 0.875)
+
+    def _sync_together(self, handle: int, written: list[tuple[_GroupWrite, _Log, bytes]]) -> None:
+        """Make the appends *written* to logs of one filesystem durable: one ``syncfs`` for
+        two or more, an fsync for one.
+
+        If ``syncfs`` fails, a write-back failed somewhere on the filesystem since the last
+        sync: each log is then fsynced on its own, which fails for a log whose write-back
+        failed (the kernel reports that to each open handle of the file), and only that log's
+        batch is undone.
+        """
+        if len(written) > 1:
+            try:
+                self.files.syncfs(handle)
+            except OSError:
+                pass  # which logs it concerns, their own fsyncs tell
+            else:
+                for write, log, data in written:
+                    log.size += len(data)
+                    self._done(write, log)
+                return
+        for write, log, data in written:
+            assert log.fd is not None  # written through it
+            try:
+                try:
+                    self.files.fsync(log.fd)
+                except BaseException as error:
+                    self._undo(log, log.fd, error)
+                    raise
+            except Exception as exc:
+                write.error = exc
+            else:
+                log.size += len(data)
+                self._done(write, log)
+
+    def _write_alone(self, write: _GroupWrite) -> None:
+        try:
+            self._write_batch(write.writer, write.batch)
+        except Exception as exc:
+            write.error = exc
+        else:
+            write.outcome.written = True
+
+    @staticmethod
+    def _done(write: _GroupWrite, log: _Log) -> None:
+        log.count += len(write.batch)
+        write.outcome.written = True
 
     def _open_for_writing(
         self, session_id: str, expected: int, header: SessionHeader | None

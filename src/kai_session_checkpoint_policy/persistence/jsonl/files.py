@@ -14,12 +14,14 @@ is opened), and refuses anything that is not a regular file with
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
 import re
 import secrets
 import stat
+import sys
 import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Final
@@ -85,6 +87,51 @@ _MOST_READ: Final = 1 << 30
 """The most bytes asked of one read call (Linux reads at most about 2 GiB at once)."""
 
 
+_SHARED_SYNC_FILESYSTEMS: Final = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs"}
+"""The filesystems (``statfs`` magic numbers) whose ``syncfs`` writes every file's data and
+commits the journal, which is what a shared sync relies on."""
+
+
+def syncfs_reports_errors(release: str) -> bool:
+    """Whether a Linux kernel of *release* (``uname -r``) reports to ``syncfs`` a write-back
+    that failed since its handle was opened: 5.8 and newer."""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    return match is not None and (int(match[1]), int(match[2])) >= (5, 8)
+
+
+def _libc_calls() -> tuple[Callable[[int], int], Callable[[int, object], int]] | None:
+    """The C library's ``syncfs`` and ``fstatfs``, if this kernel reports write errors through
+    ``syncfs``.
+
+    Linux reports a failed write-back of any file to ``syncfs`` callers since 5.8 (through the
+    filesystem's error sequence, sampled when each handle is opened); before that, ``syncfs``
+    could succeed after losing data, so it is not used.
+    """
+    if sys.platform != "linux" or not syncfs_reports_errors(os.uname().release):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs, fstatfs = libc.syncfs, libc.fstatfs
+    except (OSError, AttributeError):
+        return None
+    syncfs.argtypes, syncfs.restype = [ctypes.c_int], ctypes.c_int
+    fstatfs.argtypes, fstatfs.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+    return syncfs, fstatfs
+
+
+_LIBC: Final = _libc_calls()
+
+
+def _filesystem_type(fd: int) -> int | None:
+    """The ``statfs`` magic number of the filesystem that holds the open file *fd*."""
+    if _LIBC is None:
+        return None
+    buffer = (ctypes.c_long * 32)()  # struct statfs starts with its type, a C long
+    if _LIBC[1](fd, buffer) != 0:
+        return None
+    return int(buffer[0]) & 0xFFFFFFFF
+
+
 class LockedError(OSError):
     """Another open writer holds the session's lock."""
 
@@ -95,6 +142,7 @@ class OsFiles:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self._counting = threading.Lock()  # sessions write from several threads at once
+        self._shared_sync: dict[int, bool] = {}  # device -> whether syncfs may serve it
 
     def _count(self, call: str) -> None:
         with self._counting:
@@ -276,6 +324,41 @@ class OsFiles:
     def fsync(self, fd: int) -> None:
         self._count("fsync")
         os.fsync(fd)
+
+    # -- one sync for many files ----------------------------------------------------------------
+
+    def filesystem(self, fd: int) -> int | None:
+        """The filesystem of the open file *fd*, if one :meth:`syncfs` there may stand in for
+        the fsyncs of its files; ``None`` if each must be fsynced.
+
+        That takes Linux 5.8 or newer (whose ``syncfs`` reports a failed write-back of any file
+        since the handle it is called on was opened) and ext4, XFS or btrfs (whose ``syncfs``
+        writes every file's data and commits the journal).
+        """
+        if _LIBC is None:
+            return None
+        device = os.fstat(fd).st_dev
+        usable = self._shared_sync.get(device)
+        if usable is None:
+            usable = self._shared_sync[device] = _filesystem_type(fd) in _SHARED_SYNC_FILESYSTEMS
+        return device if usable else None
+
+    def open_filesystem(self, directory: Path) -> int:
+        """A handle to sync the filesystem that holds *directory* with (:meth:`syncfs`).
+
+        ``syncfs`` reports the write-back errors met since its handle was opened: open it
+        before writing what it is to make durable.
+        """
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def syncfs(self, fd: int) -> None:
+        """Make durable everything written to the filesystem of *fd* (every file, every
+        process's); raise if a write-back there failed since *fd* was opened or last synced."""
+        self._count("syncfs")
+        assert _LIBC is not None  # only a filesystem() handle is synced
+        if _LIBC[0](fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"syncfs: {os.strerror(code)}")
 
     def size(self, fd: int) -> int:
         """The size of the open file *fd*."""

@@ -4,8 +4,9 @@ A host opened with the option ``"jsonl.root"`` (a path) gets a
 :class:`~kai_session_checkpoint_policy.persistence.JsonlSessionPersistence` under that
 directory; ``"jsonl.batch_window"`` (seconds) sets its batch window and
 ``"jsonl.inline_write_limit"`` (seconds) its inline write limit, ``"jsonl.compression"``
-(``"zstd"`` or ``"none"``) how new logs are written, and ``"jsonl.pack_chunks"`` (a bool)
-whether runs of deltas are packed. Without the root option this plugin does nothing, and
+(``"zstd"`` or ``"none"``) how new logs are written, ``"jsonl.pack_chunks"`` (a bool)
+whether runs of deltas are packed, and ``"jsonl.shared_sync"`` (a bool) whether batches
+written at once share one ``syncfs``. Without the root option this plugin does nothing, and
 imports nothing more.
 
 It needs only what :class:`~kai_session_checkpoint_policy.contract.PluginHost` declares.
@@ -29,6 +30,7 @@ __all__ = [
     "INLINE_OPTION",
     "PACK_OPTION",
     "ROOT_OPTION",
+    "SHARED_SYNC_OPTION",
     "WINDOW_OPTION",
     "name",
 ]
@@ -39,6 +41,7 @@ WINDOW_OPTION: Final = "jsonl.batch_window"
 INLINE_OPTION: Final = "jsonl.inline_write_limit"
 COMPRESSION_OPTION: Final = "jsonl.compression"
 PACK_OPTION: Final = "jsonl.pack_chunks"
+SHARED_SYNC_OPTION: Final = "jsonl.shared_sync"
 
 
 @hookimpl
@@ -49,6 +52,7 @@ def host_declare_options() -> Mapping[str, str]:
         INLINE_OPTION: "seconds a write may take to stay on the event loop's thread (0.002)",
         COMPRESSION_OPTION: "how new logs are written: 'zstd' (the default) or 'none'",
         PACK_OPTION: "whether runs of three or more deltas are packed into one row (True)",
+        SHARED_SYNC_OPTION: "whether batches written at once share one syncfs (True)",
     }
 
 
@@ -76,11 +80,15 @@ def host_configure(host: PluginHost[Any]) -> None:
     pack = options.get(PACK_OPTION, DEFAULT_PACK_CHUNKS)
     if not isinstance(pack, bool):
         raise TypeError(f"host option {PACK_OPTION!r} must be True or False, not {pack!r}")
+    shared = options.get(SHARED_SYNC_OPTION, True)
+    if not isinstance(shared, bool):
+        raise TypeError(f"host option {SHARED_SYNC_OPTION!r} must be True or False, not {shared!r}")
     backend = JsonlSessionPersistence(
         os.fspath(root),
         batch_window=seconds_option(options, WINDOW_OPTION, DEFAULT_BATCH_WINDOW),
         inline_write_limit=seconds_option(options, INLINE_OPTION, DEFAULT_INLINE_WRITE_LIMIT),
         compression=compression,
         pack_chunks=pack,
+        shared_sync=shared,
     )
     host.register(backend, name=f"{name}:{backend.root}")
