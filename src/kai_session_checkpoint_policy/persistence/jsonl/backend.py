@@ -162,6 +162,10 @@ class _GroupWrite:
         self.error: Exception | None = None
 
 
+_NOT_LOOKED_UP: Final = -1
+"""A log's filesystem before it is looked up (no device number is negative)."""
+
+
 class _Log:
     """The durable state of one session file. Touched only by the writer holding its lock.
 
@@ -170,7 +174,7 @@ class _Log:
     opened again, and checked, by its next write.
     """
 
-    __slots__ = ("count", "fd", "header", "lock_fd", "path", "size", "suspect")
+    __slots__ = ("count", "fd", "filesystem", "header", "lock_fd", "path", "size", "suspect")
 
     def __init__(self, path: Path, lock_fd: int, header: SessionHeader | None = None) -> None:
         self.path = path
@@ -180,6 +184,7 @@ class _Log:
         self.size = 0  # committed bytes
         self.count = 0  # durable events: the seq the next event must have
         self.suspect = False  # a write failed: re-read the file before the next one
+        self.filesystem: int | None = _NOT_LOOKED_UP  # where its shared sync goes, if any
 
     @property
     def compression(self) -> Compression:
@@ -665,7 +670,9 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
                     continue
                 if log.fd is None:  # its files were closed while idle, and opened again
                     log.fd = self.files.open_append(log.path)
-                filesystem = self.files.filesystem(log.fd)
+                filesystem = log.filesystem
+                if filesystem == _NOT_LOOKED_UP:  # once: the log stays where it is
+                    filesystem = log.filesystem = self.files.filesystem(log.fd)
                 if filesystem is None:
                     self.shared_sync = False  # the root's filesystem, most likely: from now on
                     self._append(log, writer.session_id, write.batch)
