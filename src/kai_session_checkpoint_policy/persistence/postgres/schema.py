@@ -81,15 +81,15 @@ APPEND_AT_ONCE: Final = """
                 meta text, size bigint)) WITH ORDINALITY
             AS batch(session_id, owner, epoch, expected, created_at, meta, size, number)
     ), held AS (
-        SELECT lease.session_id FROM {schema}.leases AS lease JOIN batch USING (session_id)
+        SELECT batch.* FROM {schema}.leases AS lease JOIN batch USING (session_id)
         WHERE lease.owner = batch.owner AND lease.epoch = batch.epoch
           AND lease.expires_at > clock_timestamp()
         ORDER BY lease.session_id
         FOR UPDATE OF lease
     ), ready AS (
-        SELECT batch.* FROM batch JOIN held USING (session_id)
-        WHERE batch.expected = 0 OR EXISTS (SELECT FROM {schema}.events
-            WHERE session_id = batch.session_id AND seq = batch.expected - 1)
+        SELECT * FROM held
+        WHERE held.expected = 0 OR EXISTS (SELECT FROM {schema}.events
+            WHERE session_id = held.session_id AND seq = held.expected - 1)
     ), new_sessions AS (
         INSERT INTO {schema}.sessions (session_id, created_at, version, meta)
         SELECT session_id, created_at, %(version)s, meta FROM ready WHERE expected = 0
