@@ -10,7 +10,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from kai_session_checkpoint_policy.persistence.workers import Gathering
+from kai_session_checkpoint_policy.persistence.workers import GATHERING_ROUNDS, Gathering
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +142,84 @@ async def test_a_natively_cancelled_task_waits_for_its_item_then_raises() -> Non
     assert jobs.items == [["a"], ["b", "c"]]  # the cancelled leader ran the next job first
     assert jobs.seen == [False]
     assert not gathering.busy
+
+
+async def test_tasks_ready_with_the_first_one_join_its_job_on_asyncio(
+    anyio_backend_name: str,
+) -> None:
+    """Tasks woken together (by the job before, most often) reach their submit a round or two
+    apart. On asyncio the first one lets the others run before its job starts, so that one job
+    takes every item; trio does not tell whether tasks of its batch are still to run, so there
+    the first one's job starts at once, and the others share the next."""
+    jobs = Jobs()
+    jobs.gate.set()
+    gathering: Gathering[str] = Gathering(jobs.run)
+
+    async def submit(item: str) -> None:
+        await anyio.lowlevel.checkpoint()  # a round, as a flush lets one pass before it writes
+        await gathering.submit(item)
+
+    async with anyio.create_task_group() as group:
+        for item in "abcde":
+            group.start_soon(submit, item)
+
+    assert sorted(item for items in jobs.items for item in items) == list("abcde")
+    if anyio_backend_name == "asyncio":
+        assert jobs.items == [list("abcde")]
+    else:
+        assert [len(items) for items in jobs.items] == [1, 4]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_loop_that_stays_busy_delays_a_job_a_few_rounds_at_most() -> None:
+    jobs = Jobs()
+    jobs.gate.set()
+    gathering: Gathering[str] = Gathering(jobs.run)
+    rounds = 0
+    handed_off: int | None = None  # the round in which the job went to its thread
+    done = False
+
+    async def spin() -> None:  # always ready to run again
+        nonlocal rounds, handed_off
+        while not done:
+            rounds += 1
+            await anyio.lowlevel.checkpoint()
+            if gathering.jobs and handed_off is None:
+                handed_off = rounds
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(spin)
+        await anyio.lowlevel.checkpoint()
+        before = rounds
+        with anyio.fail_after(WAIT):  # a leader waiting for an idle loop would wait forever
+            await gathering.submit("a")
+        done = True
+    assert jobs.items == [["a"]]
+    assert handed_off is not None
+    assert handed_off - before == GATHERING_ROUNDS  # then the job starts, the loop still busy
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_leader_cancelled_natively_while_others_run_first_runs_its_job_then_raises() -> (
+    None
+):
+    jobs = Jobs()
+    jobs.gate.set()
+    gathering: Gathering[str] = Gathering(jobs.run)
+    done = False
+
+    async def spin() -> None:  # keeps the loop busy: the leader lets rounds pass
+        while not done:
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(spin)
+        leader = asyncio.ensure_future(gathering.submit("a"))
+        await anyio.lowlevel.checkpoint()  # the leader starts, and lets a round pass
+        assert gathering.busy
+        assert not jobs.items
+        leader.cancel()  # Task.cancel(): passes through anyio's shield
+        with anyio.fail_after(WAIT), pytest.raises(asyncio.CancelledError):
+            await leader
+        done = True
+    assert jobs.items == [["a"]]

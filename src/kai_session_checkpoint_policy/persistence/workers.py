@@ -23,6 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 if TYPE_CHECKING:
@@ -328,9 +329,10 @@ class _Gathered(Generic[Item]):
 class Gathering(Generic[Item]):
     """One job in a worker thread for the items of every task that asks while the last runs.
 
-    The first task to :meth:`submit` runs a job for its item at once. Tasks that submit while
-    a job runs wait together; when the job is over, the first of them runs the next one, for
-    all of their items. So many tasks pay one hand-off to a thread and back per job, not one
+    The first task to :meth:`submit` runs a job for its item, at once or, on asyncio while
+    other tasks are ready to run, after letting them run for a few rounds, so that those about
+    to submit join its job. Tasks that submit while a job runs wait together; when the job is
+    over, the first of them runs the next one, for all of their items. So many tasks pay one hand-off to a thread and back per job, not one
     each, and one thread works for all of them. *run* gets the items of a job in the order they
     were submitted; it keeps each item's outcome in the item (an exception it raises is the
     outcome of every item of its job).
@@ -366,6 +368,8 @@ class Gathering(Generic[Item]):
         led = not mine.finished  # the first, or asked to lead
         if led:
             self._running = True
+            held = await _let_ready_tasks_run()
+            cancelled = cancelled or held
             group, self._waiting = self._waiting, []
             self.jobs += 1
             error: Exception | None = None
@@ -393,6 +397,34 @@ class Gathering(Generic[Item]):
             if led:
                 raise mine.error
             raise copy.copy(mine.error) from mine.error  # an exception of this task's own
+
+
+GATHERING_ROUNDS: Final = 4
+"""At most this many scheduler rounds a job's leader lets pass before the job, on asyncio,
+while other tasks are ready to run."""
+
+
+async def _let_ready_tasks_run() -> BaseException | None:
+    """On asyncio, let the tasks that are ready run first, for at most
+    :data:`GATHERING_ROUNDS` scheduler rounds; return the native cancellation met meanwhile.
+
+    The tasks that the last job woke are ready together, and each reaches its next flush a
+    round or two later: without these rounds the first of them would run a job for its batch
+    alone, and the others would wait for it. The caller counts as running a job meanwhile, so
+    those tasks queue behind it. Trio does not tell whether tasks of its current batch are still
+    to run (:func:`loop_is_idle`), so there the job starts at once.
+    """
+    if _asyncio_loop() is None:
+        return None
+    cancelled: BaseException | None = None
+    for _ in range(GATHERING_ROUNDS):
+        if loop_is_idle():
+            break
+        try:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        except asyncio.CancelledError as exc:  # natively: raised once the job is over
+            cancelled = exc
+    return cancelled
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
