@@ -19,6 +19,13 @@ Crash images (:func:`crash_images`)
     *sectors*, each 512-byte sector of it independently old, new or garbage. Pending directory
     changes are all lost or all kept.
 
+One sync for many files
+    ``syncfs`` applies every file's pending operations, as an fsync of each would; directory
+    entries are left to directory fsyncs (the backend never counts on ``syncfs`` for them). A
+    failed ``syncfs`` persists what a failed fsync would of each file, and the next fsync of
+    each file that lost changes fails, as Linux reports a failed write-back to every handle of
+    the file.
+
 Faults (:class:`FaultPlan`)
     The *nth* call of one kind of operation fails, once or from then on. A failed write first
     writes half of its data (a short write, then the error). A failed fsync (of a file or of a

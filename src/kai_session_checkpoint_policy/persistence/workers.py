@@ -332,10 +332,10 @@ class Gathering(Generic[Item]):
     The first task to :meth:`submit` runs a job for its item, at once or, on asyncio while
     other tasks are ready to run, after letting them run for a few rounds, so that those about
     to submit join its job. Tasks that submit while a job runs wait together; when the job is
-    over, the first of them runs the next one, for all of their items. So many tasks pay one hand-off to a thread and back per job, not one
-    each, and one thread works for all of them. *run* gets the items of a job in the order they
-    were submitted; it keeps each item's outcome in the item (an exception it raises is the
-    outcome of every item of its job).
+    over, the first of them runs the next one, for all of their items. So many tasks pay one
+    hand-off to a thread and back per job, not one each, and one thread works for all of them.
+    *run* gets the items of a job in the order they were submitted; it keeps each item's
+    outcome in the item (an exception it raises is the outcome of every item of its job).
 
     Like :func:`run_in_worker_shielded`, :meth:`submit` returns only once the job that took
     its item is over, whatever cancels its caller meanwhile (who is shielded from anyio's
