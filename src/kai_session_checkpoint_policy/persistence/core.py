@@ -43,7 +43,13 @@ from .errors import EventTimeError, LiveSessionError, SeedMismatchError, SeqMism
 from .ids import check_session_id
 from .repair import interrupted_turn_closers
 from .values import PersistenceStatistics, SessionHeader, StoredLog
-from .workers import idle_needs_a_round, loop_is_idle, run_in_worker, run_in_worker_shielded
+from .workers import (
+    Gathering,
+    idle_needs_a_round,
+    loop_is_idle,
+    run_in_worker,
+    run_in_worker_shielded,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -59,6 +65,7 @@ __all__ = [
     "DEFAULT_BATCH_WINDOW",
     "MAX_RETRY_DELAY",
     "BatchWindow",
+    "GroupWrite",
     "LogHandle",
     "Outcome",
     "PersistenceStatistics",
@@ -141,6 +148,34 @@ class Outcome:
         self.written = False
 
 
+class GroupWrite(Generic[H]):
+    """One session's batch handed off the event loop's thread, to be written in one worker
+    job with the batches of other sessions (a :class:`~.workers.Gathering`'s item); the job
+    keeps what became of it."""
+
+    __slots__ = ("batch", "error", "outcome", "writer")
+
+    def __init__(self, writer: Writer[H], batch: Sequence[SessionEvent], outcome: Outcome) -> None:
+        self.writer = writer
+        self.batch = batch
+        self.outcome = outcome
+        self.error: Exception | None = None
+
+    async def submit(self, gathering: Gathering[Any]) -> None:
+        """Hand this write to *gathering*; return once its job is over.
+
+        :raises Exception: what made the batch fail (:attr:`error`), or the job itself.
+        """
+        await gathering.submit(self)
+        if self.error is not None:
+            raise self.error
+
+    def written(self, log: H) -> None:
+        """Count the batch durable in *log*, the writer's handle."""
+        log.count += len(self.batch)
+        self.outcome.written = True
+
+
 class BatchWindow:
     """When a session's queued events are written at the latest: its window, and its timer.
 
@@ -202,6 +237,10 @@ class Writer(Generic[H]):
         self.lane = anyio.Lock(fast_acquire=True)
         self.log: H | None = None
         self.write_seconds = 0.0  # the slowest recent write, losing an eighth per later write
+
+    def wrote_in(self, seconds: float) -> None:
+        """Count a write that took *seconds* in :attr:`write_seconds`."""
+        self.write_seconds = max(seconds, self.write_seconds * 0.875)
 
     @property
     def durable_count(self) -> int:
@@ -847,15 +886,21 @@ class WriteBehind(ABC, Generic[H]):
         """
         start = time.perf_counter()
         try:
-            log = writer.log = self._ready(
-                writer.session_id, writer.log, batch[0].seq, writer.header
-            )
-            check_batch(writer.session_id, log.count, batch, self._location(log))
+            log = self._ready_for(writer, batch)
             self._append(log, writer.session_id, batch)
             log.count += len(batch)
         finally:
-            took = time.perf_counter() - start
-            writer.write_seconds = max(took, writer.write_seconds * 0.875)
+            writer.wrote_in(time.perf_counter() - start)
+
+    def _ready_for(self, writer: Writer[H], batch: Sequence[SessionEvent]) -> H:
+        """*writer*'s handle, made ready for *batch* (:meth:`_ready`), once the batch is
+        checked against its durable cursor (blocking).
+
+        :raises SeqMismatchError: and what :func:`check_batch` and :meth:`_ready` raise.
+        """
+        log = writer.log = self._ready(writer.session_id, writer.log, batch[0].seq, writer.header)
+        check_batch(writer.session_id, log.count, batch, self._location(log))
+        return log
 
     async def write_log(
         self,

@@ -33,6 +33,7 @@ import resource
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from os import scandir as os_scandir
@@ -45,7 +46,7 @@ import anyio.to_thread
 
 from ...cancellation import checkpoint_if_cancelled
 from ...hookspecs import hookimpl
-from ..core import DEFAULT_BATCH_WINDOW, Outcome, WriteBehind, Writer, check_batch
+from ..core import DEFAULT_BATCH_WINDOW, GroupWrite, Outcome, WriteBehind, Writer
 from ..errors import (
     CorruptLogError,
     DuplicateLogError,
@@ -97,7 +98,7 @@ from .format import (
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from ...contract import SessionLogLike
     from ...events import SessionEvent, StoredEvents
@@ -146,20 +147,6 @@ class JsonlStatistics(PersistenceStatistics):
     """``fsync`` system calls on directories."""
     syncfs: int = 0
     """``syncfs`` system calls: each made the batches of several sessions durable at once."""
-
-
-class _GroupWrite:
-    """One session's batch handed off the event loop's thread, to be synced with others."""
-
-    __slots__ = ("batch", "error", "outcome", "writer")
-
-    def __init__(
-        self, writer: Writer[_Log], batch: Sequence[SessionEvent], outcome: Outcome
-    ) -> None:
-        self.writer = writer
-        self.batch = batch
-        self.outcome = outcome
-        self.error: Exception | None = None
 
 
 _NOT_LOOKED_UP: Final = -1
@@ -290,7 +277,7 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         self.shared_sync = shared_sync
         """Whether batches written at once share a ``syncfs``; cleared when the root's
         filesystem turns out not to allow it."""
-        self._gathering: Final[Gathering[_GroupWrite]] = Gathering(self._write_group)
+        self._gathering: Final[Gathering[GroupWrite[_Log]]] = Gathering(self._write_group)
         self._sync_handles: dict[int, int] = {}  # filesystem -> handle syncfs is called on
         self._open: OrderedDict[str, Writer[_Log]] = OrderedDict()  # least recently written first
         self._opening: set[str] = set()  # sessions whose next write opens their files
@@ -606,26 +593,28 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
 
     def _append_bytes(self, log: _Log, fd: int, data: bytes) -> None:
         """Write *data* at the end of the log and fsync; on failure, truncate it away."""
-        try:
+        with self._undone_on_failure(log, fd):
             self.files.write(fd, data)
             self.files.fsync(fd)
-        except BaseException as error:
-            self._undo(log, fd, error)
-            raise
         log.size += len(data)
 
-    def _undo(self, log: _Log, fd: int, error: BaseException) -> None:
-        """Cut what a failed write or sync may have left after the bytes known durable; the
-        log is read again before its next write.
+    @contextmanager
+    def _undone_on_failure(self, log: _Log, fd: int) -> Iterator[None]:
+        """If the write or sync inside fails, cut what it may have left after the bytes known
+        durable (the log is read again before its next write), and raise its error.
 
-        :raises RollbackError: if that failed too.
+        :raises RollbackError: if the cut failed too.
         """
-        log.suspect = True
         try:
-            self.files.truncate(fd, log.size)
-            self.files.fsync(fd)
-        except BaseException as rollback_error:
-            raise RollbackError(log.path, error, rollback_error) from error
+            yield
+        except BaseException as error:
+            log.suspect = True
+            try:
+                self.files.truncate(fd, log.size)
+                self.files.fsync(fd)
+            except BaseException as rollback_error:
+                raise RollbackError(log.path, error, rollback_error) from error
+            raise
 
     # -- several sessions' batches, one sync --------------------------------------------------
 
@@ -635,15 +624,12 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         """Write *batch* in a worker thread: with :attr:`shared_sync`, in one job with the
         batches of every other session handed off while the job before runs (``Gathering``),
         made durable together (:meth:`_write_group`)."""
-        if not self.shared_sync:
+        if self.shared_sync:
+            await GroupWrite(writer, batch, outcome).submit(self._gathering)
+        else:
             await super()._write_off_loop(writer, batch, outcome)
-            return
-        write = _GroupWrite(writer, batch, outcome)
-        await self._gathering.submit(write)
-        if write.error is not None:
-            raise write.error
 
-    def _write_group(self, group: list[_GroupWrite]) -> None:
+    def _write_group(self, group: list[GroupWrite[_Log]]) -> None:
         """Make the batches of *group* durable (in a worker thread; each write keeps its
         outcome).
 
@@ -653,39 +639,28 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
         two or more of them is synced once (:meth:`_sync_together`).
         """
         if len(group) == 1:
-            self._write_alone(group[0])
+            (write,) = group
+            try:
+                self._write_batch(write.writer, write.batch)
+            except Exception as exc:
+                write.error = exc
+            else:
+                write.outcome.written = True
             return
         start = time.perf_counter()
-        together: dict[int, list[tuple[_GroupWrite, _Log, bytes]]] = {}
+        together: dict[int, list[tuple[GroupWrite[_Log], _Log, bytes]]] = {}
         for write in group:
-            writer = write.writer
             try:
-                log = writer.log = self._ready(
-                    writer.session_id, writer.log, write.batch[0].seq, writer.header
-                )
-                check_batch(writer.session_id, log.count, write.batch, self._location(log))
-                if log.size == 0:  # a new log
-                    self._append(log, writer.session_id, write.batch)
-                    self._done(write, log)
-                    continue
-                if log.fd is None:  # its files were closed while idle, and opened again
-                    log.fd = self.files.open_append(log.path)
-                filesystem = log.filesystem
-                if filesystem == _NOT_LOOKED_UP:  # once: the log stays where it is
-                    filesystem = log.filesystem = self.files.filesystem(log.fd)
+                log = self._ready_for(write.writer, write.batch)
+                filesystem = self._shared_filesystem(log)
                 if filesystem is None:
-                    self.shared_sync = False  # the root's filesystem, most likely: from now on
-                    self._append(log, writer.session_id, write.batch)
-                    self._done(write, log)
+                    self._append(log, write.writer.session_id, write.batch)
+                    write.written(log)
                     continue
-                if filesystem not in self._sync_handles:  # opened before the writes it syncs
-                    self._sync_handles[filesystem] = self.files.open_filesystem(log.path.parent)
                 data = self._encode(write.batch, log.compression)
-                try:
+                assert log.fd is not None  # opened by _shared_filesystem
+                with self._undone_on_failure(log, log.fd):
                     self.files.write(log.fd, data)
-                except BaseException as error:
-                    self._undo(log, log.fd, error)
-                    raise
             except Exception as exc:
                 write.error = exc
             else:
@@ -694,9 +669,29 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             self._sync_together(self._sync_handles[filesystem], written)
         took = time.perf_counter() - start
         for write in group:
-            write.writer.write_seconds = max(took, write.writer.write_seconds * 0.875)
+            write.writer.wrote_in(took)
 
-    def _sync_together(self, handle: int, written: list[tuple[_GroupWrite, _Log, bytes]]) -> None:
+    def _shared_filesystem(self, log: _Log) -> int | None:
+        """The filesystem whose one ``syncfs`` may make an append to *log* durable, with its
+        handle open (opened before the writes it covers) and the log's file open; ``None`` for
+        a new log, or where ``syncfs`` cannot stand in for an fsync (then :attr:`shared_sync`
+        is turned off: the root's filesystem, most likely)."""
+        if log.size == 0:  # a new log: published whole, with its own fsyncs
+            return None
+        if log.fd is None:  # its files were closed while idle, and opened again
+            log.fd = self.files.open_append(log.path)
+        if log.filesystem == _NOT_LOOKED_UP:  # once: the log stays where it is
+            log.filesystem = self.files.filesystem(log.fd)
+        filesystem = log.filesystem
+        if filesystem is None:
+            self.shared_sync = False
+        elif filesystem not in self._sync_handles:
+            self._sync_handles[filesystem] = self.files.open_filesystem(log.path.parent)
+        return filesystem
+
+    def _sync_together(
+        self, handle: int, written: list[tuple[GroupWrite[_Log], _Log, bytes]]
+    ) -> None:
         """Make the appends *written* to logs of one filesystem durable: one ``syncfs`` for
         two or more, an fsync for one.
 
@@ -713,34 +708,18 @@ class JsonlSessionPersistence(WriteBehind["_Log"]):
             else:
                 for write, log, data in written:
                     log.size += len(data)
-                    self._done(write, log)
+                    write.written(log)
                 return
         for write, log, data in written:
             assert log.fd is not None  # written through it
             try:
-                try:
+                with self._undone_on_failure(log, log.fd):
                     self.files.fsync(log.fd)
-                except BaseException as error:
-                    self._undo(log, log.fd, error)
-                    raise
             except Exception as exc:
                 write.error = exc
             else:
                 log.size += len(data)
-                self._done(write, log)
-
-    def _write_alone(self, write: _GroupWrite) -> None:
-        try:
-            self._write_batch(write.writer, write.batch)
-        except Exception as exc:
-            write.error = exc
-        else:
-            write.outcome.written = True
-
-    @staticmethod
-    def _done(write: _GroupWrite, log: _Log) -> None:
-        log.count += len(write.batch)
-        write.outcome.written = True
+                write.written(log)
 
     def _open_for_writing(
         self, session_id: str, expected: int, header: SessionHeader | None

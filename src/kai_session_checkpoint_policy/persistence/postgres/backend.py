@@ -54,7 +54,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...cancellation import checkpoint_if_cancelled
 from ...events import StoredEvents
-from ..core import DEFAULT_BATCH_WINDOW, WriteBehind, check_batch
+from ..core import DEFAULT_BATCH_WINDOW, GroupWrite, WriteBehind
 from ..errors import (
     CorruptRecordError,
     LeaseLostError,
@@ -140,25 +140,13 @@ class _Lease:
         self.valid_until = valid_until  # monotonic time before which the lease surely holds
 
 
-class _GroupWrite:
-    """One session's batch handed off the event loop's thread, to be written with others."""
+class _GroupWrite(GroupWrite[_Lease]):
+    """One session's batch handed off the event loop's thread, to be committed with others."""
 
-    __slots__ = ("batch", "error", "outcome", "writer")
-
-    def __init__(
-        self, writer: Writer[_Lease], batch: Sequence[SessionEvent], outcome: Outcome
-    ) -> None:
-        self.writer = writer
-        self.batch = batch
-        self.outcome = outcome
-        self.error: Exception | None = None
+    __slots__ = ()
 
     def batch_of(self, log: _Lease) -> Batch:
         return Batch(log.lease, log.count, self.batch, log.header)
-
-    def written(self, log: _Lease) -> None:
-        log.count += len(self.batch)
-        self.outcome.written = True
 
 
 _DECODED_AT_ONCE: Final = 4096
@@ -364,10 +352,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         """Write *batch* in a worker thread, in one job with the batches of every other session
         of this backend that are handed off while the job before runs (``Gathering``):
         one hand-off to a thread and back per group commit, not one per session."""
-        write = _GroupWrite(writer, batch, outcome)
-        await self._gathering.submit(write)
-        if write.error is not None:
-            raise write.error
+        await _GroupWrite(writer, batch, outcome).submit(self._gathering)
 
     def _write_group(self, group: list[_GroupWrite]) -> None:
         """Make the batches of *group* durable, in one transaction where they can be (in a
@@ -382,12 +367,8 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
         start = time.perf_counter()
         ready: list[_GroupWrite] = []
         for write in group:
-            writer = write.writer
             try:
-                log = writer.log = self._ready(
-                    writer.session_id, writer.log, write.batch[0].seq, writer.header
-                )
-                check_batch(writer.session_id, log.count, write.batch, self._location(log))
+                self._ready_for(write.writer, write.batch)
             except Exception as exc:
                 write.error = exc
             else:
@@ -418,7 +399,7 @@ class PostgresSessionPersistence(WriteBehind[_Lease]):
                     write.written(log)
         took = time.perf_counter() - start
         for write in group:
-            write.writer.write_seconds = max(took, write.writer.write_seconds * 0.875)
+            write.writer.wrote_in(took)
 
     @staticmethod
     def _lease_of(write: _GroupWrite) -> _Lease:
