@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +51,13 @@ async def written_session(host: Host, session_id: str) -> Session:
     await host.sessions.flush(session)
     session.append("step/start", {"turn": 1, "step": 1})
     return session
+
+
+async def assert_each_step_stored(backend: JsonlSessionPersistence, sessions: int = 4) -> None:
+    """Each of the sessions ``s0``, ``s1``... holds its turn's start, then its step's."""
+    for index in range(sessions):
+        loaded = await backend.load(f"s{index}")
+        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
 
 
 async def flush_three_behind_a_gated_one(
@@ -98,16 +104,11 @@ async def test_batches_queued_behind_a_write_are_made_durable_by_one_syncfs(
     assert after.syncfs - before.syncfs == 1
     assert after.fsyncs - before.fsyncs == 1  # the first batch's, alone
     assert after.writes - before.writes == 4
-    for index in range(4):
-        loaded = await JsonlSessionPersistence(tmp_path).load(f"s{index}")
-        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+    await assert_each_step_stored(JsonlSessionPersistence(tmp_path))
 
 
 async def test_with_shared_sync_off_each_log_is_fsynced(tmp_path: Path) -> None:
-    files = GatedFiles()
-    backend = JsonlSessionPersistence(
-        tmp_path, inline_write_limit=0, shared_sync=False, files=files
-    )
+    backend = JsonlSessionPersistence(tmp_path, inline_write_limit=0, shared_sync=False)
     async with Host([backend]) as host:
         sessions = [await written_session(host, f"s{index}") for index in range(4)]
         before = backend.statistics()
@@ -137,9 +138,7 @@ async def test_a_filesystem_without_a_trusted_syncfs_has_each_log_fsynced(
     assert outcomes == {"s0": None, "s1": None, "s2": None, "s3": None}
     assert (after.syncfs, after.fsyncs - before.fsyncs) == (0, 4)
     assert backend.shared_sync is False  # later batches go to worker threads of their own
-    for index in range(4):
-        loaded = await JsonlSessionPersistence(tmp_path).load(f"s{index}")
-        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+    await assert_each_step_stored(JsonlSessionPersistence(tmp_path))
 
 
 class SyncfsFailsOnce(GatedFiles):
@@ -170,26 +169,11 @@ async def test_a_syncfs_failure_elsewhere_costs_an_fsync_per_log_and_loses_nothi
     assert files.failed
     assert outcomes == {"s0": None, "s1": None, "s2": None, "s3": None}
     assert (after.syncfs - before.syncfs, after.fsyncs - before.fsyncs) == (1, 4)
-    for index in range(4):
-        loaded = await JsonlSessionPersistence(tmp_path).load(f"s{index}")
-        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+    await assert_each_step_stored(JsonlSessionPersistence(tmp_path))
 
 
-class GatedSim(SimFiles):
-    """The simulated layer, whose next ``write`` waits until :attr:`release` is set."""
-
-    def __init__(self, base: Path, **options: object) -> None:
-        super().__init__(base, **options)  # type: ignore[arg-type]
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.gate_next = False
-
-    def write(self, fd: int, data: bytes) -> None:
-        if self.gate_next:
-            self.gate_next = False
-            self.entered.set()
-            self.release.wait(WAIT)
-        super().write(fd, data)
+class GatedSim(GatedFiles, SimFiles):
+    """The simulated layer, whose next ``write`` waits at the gate of :class:`GatedFiles`."""
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 7])
@@ -227,9 +211,7 @@ async def test_a_failed_syncfs_undoes_the_batches_whose_write_back_failed(
         acknowledged = outcomes[f"s{index}"] is None
         assert ("step/start" in types) is acknowledged, (index, types, outcomes)
     final = SimFiles(tmp_path, image=sim.durable_image())
-    for index in range(4):
-        loaded = await JsonlSessionPersistence(tmp_path / STORE, files=final).load(f"s{index}")
-        assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+    await assert_each_step_stored(JsonlSessionPersistence(tmp_path / STORE, files=final))
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -257,8 +239,7 @@ async def test_a_natively_cancelled_flush_queued_for_a_shared_sync_is_written_th
                 await queued[0]
             await queued[1]
         assert [backend.durable_count(session.id) for session in sessions] == [2] * 3
-    loaded = await JsonlSessionPersistence(tmp_path).load("s1")
-    assert [event.type for event in loaded.events[:2]] == ["turn/start", "step/start"]
+    await assert_each_step_stored(JsonlSessionPersistence(tmp_path), sessions=3)
 
 
 def test_shared_sync_must_be_a_bool(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kai_session_checkpoint_policy import TextBlock, ToolResult, eventdata
 from kai_session_checkpoint_policy.events import (
@@ -151,11 +151,13 @@ class GatedFiles(OsFiles):
     """Real files whose next ``write`` call waits until :attr:`release` is set.
 
     The wait blocks the thread that writes: give the backend ``inline_write_limit=0`` so that
-    every write runs in a worker thread, never on the event loop's.
+    every write runs in a worker thread, never on the event loop's. Put it before another
+    layer to gate that one (``class GatedSim(GatedFiles, SimFiles)``): it passes its
+    arguments on.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
         self.entered = threading.Event()
         self.release = threading.Event()
         self.gate_next = False

@@ -250,6 +250,12 @@ def _apply_all(content: bytes, ops: tuple[Op, ...]) -> bytes:
     return content
 
 
+def _synced(state: FileState) -> FileState:
+    """*state* once a sync wrote every pending operation, and the size, to the disk."""
+    disk = _apply_all(state.disk, state.pending)
+    return FileState(state.cache, disk[: len(state.cache)].ljust(len(state.cache), b"\0"))
+
+
 def _parent(path: str) -> str:
     return path.rpartition("/")[0]
 
@@ -602,9 +608,7 @@ class SimFiles(OsFiles):
                 self._files[handle.node] = FileState(state.cache, _apply_all(state.disk, kept))
                 self._changed()
                 raise
-            disk = _apply_all(state.disk, state.pending)
-            disk = disk[: len(state.cache)].ljust(len(state.cache), b"\0")
-            self._files[handle.node] = FileState(state.cache, disk)
+            self._files[handle.node] = _synced(state)
             self._changed()
 
     # -- one sync for many files ----------------------------------------------------------------
@@ -641,9 +645,7 @@ class SimFiles(OsFiles):
                 raise
             for node, state in list(self._files.items()):
                 if state.pending:
-                    disk = _apply_all(state.disk, state.pending)
-                    disk = disk[: len(state.cache)].ljust(len(state.cache), b"\0")
-                    self._files[node] = FileState(state.cache, disk)
+                    self._files[node] = _synced(state)
             self._changed()
 
     def truncate(self, fd: int, size: int) -> None:
